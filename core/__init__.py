@@ -1,0 +1,59 @@
+"""vllm-ir: declare LLM-inference ops once, pick a kernel per call from a priority list.
+
+    import vllm_ir
+    y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
+    print(vllm_ir.ops.rms_norm.explain(x, weight, 1e-6))
+"""
+
+from vllm_ir.errors import (
+    DonationError,
+    FallbackError,
+    FallbackWarning,
+    PredicateError,
+    PriorityError,
+    RegistrationError,
+    UnknownOpError,
+    VllmIrError,
+)
+from vllm_ir.ir import declarations as _declarations  # noqa: F401  (registers the core ops)
+from vllm_ir.ir.dispatch import Decision, Explanation, Verdict, dispatch_stats, reset_dispatch_stats
+from vllm_ir.ir.impl import IrOpImpl, Unsupported
+from vllm_ir.ir.op import IrOp, register_op
+from vllm_ir.ir.priority import (
+    PriorityEntry,
+    PriorityLayer,
+    clear_priority,
+    priority,
+    reload_env,
+    set_priority,
+)
+from vllm_ir.ir.registry import ops
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Decision",
+    "DonationError",
+    "Explanation",
+    "FallbackError",
+    "FallbackWarning",
+    "IrOp",
+    "IrOpImpl",
+    "PredicateError",
+    "PriorityEntry",
+    "PriorityError",
+    "PriorityLayer",
+    "RegistrationError",
+    "Unsupported",
+    "UnknownOpError",
+    "Verdict",
+    "VllmIrError",
+    "clear_priority",
+    "dispatch_stats",
+    "ops",
+    "priority",
+    "register_op",
+    "reload_env",
+    "reset_dispatch_stats",
+    "set_priority",
+]

@@ -1,0 +1,48 @@
+"""Exception types of vllm-ir.
+
+Every error the framework raises itself names the op and, where one is involved, the
+provider, so a user reading a traceback from deep inside a model knows where to look.
+"""
+
+from __future__ import annotations
+
+
+class VllmIrError(Exception):
+    """Base class of every error raised by vllm-ir itself."""
+
+
+class RegistrationError(VllmIrError, ValueError):
+    """An op or implementation was refused at registration time; nothing was registered.
+
+    :param op: name of the op concerned (or the name that was refused).
+    :param provider: provider of the refused implementation, ``None`` for op declarations.
+    """
+
+    def __init__(self, message: str, *, op: str | None = None, provider: str | None = None):
+        super().__init__(message)
+        self.op = op
+        self.provider = provider
+
+
+class PriorityError(VllmIrError, ValueError):
+    """A priority list (from code, environment or a context) names something unknown or is malformed."""
+
+
+class UnknownOpError(PriorityError, AttributeError):
+    """No op of that name is registered."""
+
+
+class PredicateError(VllmIrError, TypeError):
+    """A ``supports_args`` predicate returned something other than a bool or `Unsupported`."""
+
+
+class FallbackError(VllmIrError, RuntimeError):
+    """``VLLM_IR_FALLBACK=error`` and a higher-priority provider declined a call."""
+
+
+class DonationError(VllmIrError, RuntimeError):
+    """An activation donated to ``maybe_inplace`` is used again afterwards."""
+
+
+class FallbackWarning(UserWarning):
+    """A higher-priority provider declined a call and a lower one ran (``VLLM_IR_FALLBACK=warn``)."""

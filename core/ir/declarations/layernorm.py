@@ -1,0 +1,93 @@
+"""RMSNorm and fused residual-add + RMSNorm.
+
+Both compute in float32 and return the input dtype, as vLLM's reference does: the
+normalized value is rounded to x's dtype *before* the weight multiplies it, so a float32
+weight with a bf16 input yields a float32 result (type promotion), exactly like native.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from vllm_ir.ir.op import register_op
+
+
+@register_op
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    """Weighted root-mean-square normalization over the last dimension.
+
+    ``variance_size`` computes the variance over the first ``variance_size`` channels only.
+    """
+    orig_dtype = x.dtype
+    x = x.to(torch.float32)
+    x_var = x if variance_size is None else x[..., :variance_size]
+    variance = x_var.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + epsilon)
+    x = x.to(orig_dtype)
+    if weight is not None:
+        x = x * weight
+    return x
+
+
+@register_op(allow_inplace=True)
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(rms_norm(x + x_residual), x + x_residual)`` with the sum kept in float32 for the norm.
+
+    Returns the normalized sum and the new residual (the sum in x's dtype). With
+    ``maybe_inplace`` an implementation may write the outputs into ``x`` and ``x_residual``.
+    """
+    orig_dtype = x.dtype
+    x = x.to(torch.float32) + x_residual.to(torch.float32)
+    residual = x.to(orig_dtype)
+    x_var = x if variance_size is None else x[..., :variance_size]
+    variance = x_var.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + epsilon)
+    x = x.to(orig_dtype)
+    if weight is not None:
+        x = x * weight
+    return x, residual
+
+
+def _weight(hidden: int, dtype: torch.dtype, device: torch.device, generator: torch.Generator, weight_dtype: torch.dtype | None, with_weight: bool) -> Tensor | None:
+    if not with_weight:
+        return None
+    w = 1.0 + 0.1 * torch.randn(hidden, generator=generator, dtype=torch.float32)
+    return w.to(device=device, dtype=weight_dtype or dtype)
+
+
+@rms_norm.input_generator
+def _rms_norm_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    weight_dtype: torch.dtype | None = None,
+    with_weight: bool = True,
+    epsilon: float = 1e-6,
+    variance_size: int | None = None,
+    seed: int = 0,
+) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+    return x, _weight(shape[-1], dtype, device, g, weight_dtype, with_weight), epsilon, variance_size
+
+
+@fused_add_rms_norm.input_generator
+def _fused_add_rms_norm_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    weight_dtype: torch.dtype | None = None,
+    with_weight: bool = True,
+    epsilon: float = 1e-6,
+    variance_size: int | None = None,
+    seed: int = 0,
+) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+    residual = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+    return x, residual, _weight(shape[-1], dtype, device, g, weight_dtype, with_weight), epsilon, variance_size

@@ -1,0 +1,303 @@
+"""Choosing an implementation for a call: the eager hot path, its cache, and ``explain``.
+
+The hot path is generated per op as a plain function with the op's own parameters, so a
+call costs a tracing check, a tuple of per-tensor facts (dtype, device, number of
+dimensions, contiguity) plus the scalar arguments, one dict lookup and the kernel call.
+Predicates run only on a cache miss. While tracing or compiling, the same function calls the
+``torch.ops.vllm_ir`` op instead, so graphs hold exactly one IR node per call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm_ir.errors import FallbackError, FallbackWarning, PredicateError
+from vllm_ir.ir import priority as _priority
+from vllm_ir.ir.impl import IrOpImpl, Unsupported, reason_of
+from vllm_ir.ir.priority import EntryStatus, Mode, PriorityLayer, current_scope
+
+if TYPE_CHECKING:
+    from vllm_ir.ir.op import IrOp
+
+#: A runaway key space (e.g. a new epsilon every call) resets the cache instead of growing it.
+MAX_CACHED_DECISIONS = 4096
+
+
+@dataclass(eq=False, slots=True)
+class Decision:
+    """The implementation chosen for one call signature, ready to run both overloads."""
+
+    impl: IrOpImpl
+    #: Higher-priority providers whose predicate declined: (provider, reason).
+    skipped: tuple[tuple[str, str], ...]
+    cacheable: bool
+    functional: Callable[..., Any] = field(repr=False)
+    maybe_inplace: Callable[..., Any] = field(repr=False)
+    calls: int = 0
+
+    @property
+    def provider(self) -> str:
+        return self.impl.provider
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What happened to one provider of the effective priority for one call."""
+
+    provider: str
+    #: chosen / declined / unsupported / not installed / not batch-invariant / unreachable / not tried
+    status: str
+    reason: str | None
+    layer: PriorityLayer
+    source: str
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The full decision for a call: every provider considered, and the one chosen."""
+
+    op: str
+    mode: Mode
+    chosen: str
+    verdicts: tuple[Verdict, ...]
+
+    def __str__(self) -> str:
+        rows = [(v.provider, v.status, v.source, v.reason or "") for v in self.verdicts]
+        widths = [max(len(r[i]) for r in rows + [("provider", "verdict", "from", "")]) for i in range(3)]
+        lines = [f"{self.op} ({self.mode}): chose {self.chosen}"]
+        lines.append(f"  {'provider':<{widths[0]}}  {'verdict':<{widths[1]}}  {'from':<{widths[2]}}  reason")
+        for r in rows:
+            lines.append(f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip())
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Deciding (cache misses, lowering, explain)
+
+
+def ask(impl: IrOpImpl, args: Sequence[Any]) -> bool | Unsupported:
+    """Run an implementation's predicate and insist on a bool or an `Unsupported`."""
+    if impl.supports_args is None:
+        return True
+    verdict = impl.supports_args(*args)
+    if verdict is True or verdict is False or isinstance(verdict, Unsupported):
+        return verdict
+    raise PredicateError(
+        f"op {impl.op_name!r}, provider {impl.provider!r}: supports_args returned "
+        f"{type(verdict).__name__} {verdict!r}; it must return True, False or "
+        "vllm_ir.Unsupported(reason) and must not depend on tensor values or batch size"
+    )
+
+
+def decide(op: IrOp, args: Sequence[Any], mode: Mode = "eager", scope: Any = None) -> Decision:
+    """Walk the effective priority for ``args`` and return the first implementation that accepts."""
+    skipped: list[tuple[str, str]] = []
+    cacheable = True
+    for impl, _entry in _priority.resolve(op, mode, scope).candidates:
+        if impl.supports_args is not None:
+            cacheable = cacheable and impl.cacheable
+        verdict = ask(impl, args)
+        if verdict:
+            return _make_decision(op, impl, tuple(skipped), cacheable)
+        skipped.append((impl.provider, reason_of(verdict, "declined by supports_args")))
+    raise AssertionError(f"op {op.name!r}: the native implementation must close every priority list")
+
+
+def explain(op: IrOp, args: Sequence[Any], mode: Mode = "eager") -> Explanation:
+    """Every provider of the effective priority with its verdict for ``args``."""
+    resolved = _priority.resolve(op, mode, current_scope())
+    verdicts: list[Verdict] = []
+    chosen: str | None = None
+    for r in resolved.entries:
+        e = r.entry
+        if r.status is not EntryStatus.CANDIDATE:
+            verdicts.append(Verdict(e.provider, r.status.value, r.reason, e.layer, e.source))
+            continue
+        if chosen is not None:
+            verdicts.append(Verdict(e.provider, "not tried", f"{chosen!r} was chosen first", e.layer, e.source))
+            continue
+        verdict = ask(op.impls[e.provider], args)
+        if verdict:
+            chosen = e.provider
+            verdicts.append(Verdict(e.provider, "chosen", None, e.layer, e.source))
+        else:
+            verdicts.append(Verdict(e.provider, "declined", reason_of(verdict, "declined by supports_args"), e.layer, e.source))
+    assert chosen is not None
+    return Explanation(op.name, mode, chosen, tuple(verdicts))
+
+
+def _make_decision(op: IrOp, impl: IrOpImpl, skipped: tuple[tuple[str, str], ...], cacheable: bool) -> Decision:
+    fn = impl.fn
+    functional = fn
+    if impl.inplace and op.activation_indices:
+        functional = _cloning(fn, op.activation_indices)
+    return Decision(impl, skipped, cacheable, functional=functional, maybe_inplace=fn)
+
+
+def _cloning(fn: Callable[..., Any], indices: tuple[int, ...]) -> Callable[..., Any]:
+    """Run an in-place kernel on copies of the activations, keeping the default overload functional."""
+
+    def functional(*args: Any) -> Any:
+        args_list = list(args)
+        for i in indices:
+            if args_list[i] is not None:
+                args_list[i] = args_list[i].clone()
+        return fn(*args_list)
+
+    return functional
+
+
+# ---------------------------------------------------------------------------------------
+# Fallback policy and statistics
+
+_warned: set[tuple[str, str, str]] = set()
+_retired_skips: Counter[tuple[str, str, str]] = Counter()
+
+
+def on_miss(op: IrOp, key: tuple, args: tuple) -> Decision:
+    """Cache miss of the eager hot path: decide, apply the fallback policy, maybe cache."""
+    decision = decide(op, args, "eager", key[0])
+    if decision.skipped:
+        _apply_fallback_policy(op, decision)
+    if decision.cacheable:
+        cache = op._decisions
+        if len(cache) >= MAX_CACHED_DECISIONS:
+            op._clear_decisions()
+        cache[key] = decision
+    else:
+        for provider, reason in decision.skipped:
+            _retired_skips[(op.name, provider, reason)] += 1
+        decision.calls = -1  # the hot path adds one; this decision is never looked up again
+    return decision
+
+
+def _apply_fallback_policy(op: IrOp, decision: Decision) -> None:
+    policy = _priority.settings().fallback
+    if policy == "allow":
+        return
+    provider, reason = decision.skipped[0]
+    message = (
+        f"op {op.name!r}: provider {provider!r} declined the call ({reason}); "
+        f"{decision.provider!r} runs instead"
+    )
+    if policy == "error":
+        raise FallbackError(message + " [VLLM_IR_FALLBACK=error]")
+    for provider, reason in decision.skipped:
+        if (op.name, provider, reason) not in _warned:
+            _warned.add((op.name, provider, reason))
+            warnings.warn(
+                f"op {op.name!r}: provider {provider!r} declined the call ({reason}); "
+                f"{decision.provider!r} runs instead (shown once; VLLM_IR_FALLBACK=allow silences it)",
+                FallbackWarning,
+                stacklevel=4,
+            )
+
+
+def retire(decisions: dict[tuple, Decision], op_name: str) -> None:
+    """Fold the call counts of decisions about to be dropped into the statistics."""
+    for d in decisions.values():
+        for provider, reason in d.skipped:
+            _retired_skips[(op_name, provider, reason)] += d.calls
+
+
+def dispatch_stats() -> dict[str, dict[str, dict[str, int]]]:
+    """How often each provider was skipped in favour of a lower one: ``{op: {provider: {reason: calls}}}``."""
+    from vllm_ir.ir import registry
+
+    counts = Counter(_retired_skips)
+    for op in registry.all_ops():
+        for d in op._decisions.values():
+            for provider, reason in d.skipped:
+                counts[(op.name, provider, reason)] += d.calls
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for (op_name, provider, reason), n in sorted(counts.items()):
+        if n:
+            out.setdefault(op_name, {}).setdefault(provider, {})[reason] = n
+    return out
+
+
+def reset_dispatch_stats() -> None:
+    from vllm_ir.ir import registry
+
+    _retired_skips.clear()
+    _warned.clear()
+    for op in registry.all_ops():
+        for d in op._decisions.values():
+            d.calls = 0
+
+
+# ---------------------------------------------------------------------------------------
+# The generated hot path
+
+
+def build_entry_points(op: IrOp, torch_default: Callable[..., Any], torch_maybe_inplace: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Generate ``op(...)`` and ``op.maybe_inplace(...)`` with the op's exact parameters."""
+    sig = op.signature
+    names = list(sig.parameters)
+    env: dict[str, Any] = {
+        "_is_compiling": torch.compiler.is_compiling,
+        "_dispatch_stack": torch._C._len_torch_dispatch_stack,
+        "_scope": current_scope,
+        "_cache": op._decisions,
+        "_miss": lambda key, args: on_miss(op, key, args),
+        "_torch_default": torch_default,
+        "_torch_maybe_inplace": torch_maybe_inplace,
+        "_freeze": _freeze,
+    }
+    params = []
+    for i, p in enumerate(sig.parameters.values()):
+        if p.default is inspect.Parameter.empty:
+            params.append(p.name)
+        else:
+            env[f"_default_{i}"] = p.default
+            params.append(f"{p.name}=_default_{i}")
+    key_parts = ["_scope()"] + [_key_expr(op, name) for name in names]
+    call = ", ".join(names)
+    sources = {}
+    for fn_name, torch_fn, runner in (("default", "_torch_default", "functional"), ("maybe_inplace", "_torch_maybe_inplace", "maybe_inplace")):
+        sources[fn_name] = (
+            f"def {op.name}({', '.join(params)}):\n"
+            f"    if _is_compiling() or _dispatch_stack():\n"
+            f"        return {torch_fn}({call})\n"
+            f"    key = ({', '.join(key_parts)},)\n"
+            f"    d = _cache.get(key)\n"
+            f"    if d is None:\n"
+            f"        d = _miss(key, ({call},))\n"
+            f"    d.calls += 1\n"
+            f"    return d.{runner}({call})\n"
+        )
+    fns = []
+    for fn_name, src in sources.items():
+        namespace = dict(env)
+        exec(compile(src, f"<vllm_ir.ops.{op.name}.{fn_name}>", "exec"), namespace)
+        fn = namespace[op.name]
+        fn.__qualname__ = f"{op.name}.{fn_name}" if fn_name != "default" else op.name
+        fn.__doc__ = op.fn.__doc__
+        fns.append(fn)
+    return fns[0], fns[1]
+
+
+def _key_expr(op: IrOp, name: str) -> str:
+    optional = op.tensor_params.get(name)
+    facts = f"{name}.dtype, {name}.device, {name}.dim(), {name}.is_contiguous()"
+    if optional is None:
+        return f"_freeze({name})" if name in op.list_params else name
+    if optional:
+        return f"None if {name} is None else ({facts})"
+    return facts
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in for a list argument (tensors by their dispatch facts)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(
+            (v.dtype, v.device, v.dim(), v.is_contiguous()) if isinstance(v, torch.Tensor) else v for v in value
+        )
+    return value

@@ -1,0 +1,83 @@
+"""Implementations of an op and the verdicts that say why one is not used."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+#: Provider name of the op's own PyTorch function: semantics, fallback and test oracle.
+NATIVE: Final = "native"
+#: Names no implementation may take (``unfused`` is kept for fusion passes).
+RESERVED_PROVIDERS: Final = frozenset({NATIVE, "unfused"})
+
+
+class Unsupported:
+    """A falsy verdict that carries the reason an implementation cannot be used.
+
+    Return it from a ``supports_args`` predicate, or pass it as ``supported=``, so that
+    ``op.explain(...)`` and ``vllm-ir explain`` can say *why* a provider was skipped::
+
+        def supports(x, weight, epsilon, variance_size=None):
+            if variance_size is not None:
+                return Unsupported("variance_size is not supported")
+            return True
+    """
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = str(reason)
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unsupported) and other.reason == self.reason
+
+    def __hash__(self) -> int:
+        return hash(("Unsupported", self.reason))
+
+    def __repr__(self) -> str:
+        return f"Unsupported({self.reason!r})"
+
+
+def reason_of(verdict: object, default: str) -> str:
+    """The human-readable reason of a falsy verdict (an `Unsupported` or plain ``False``)."""
+    return verdict.reason if isinstance(verdict, Unsupported) else default
+
+
+@dataclass(eq=False)
+class IrOpImpl:
+    """One provider's implementation of one op.
+
+    ``supported`` is decided once (is the library importable, is the device here);
+    ``supports_args`` is asked per call signature and its answer is cached unless
+    ``cacheable`` is False (a predicate that looks beyond dtype, device type, number of
+    dimensions, contiguity and scalar values).
+    """
+
+    op_name: str
+    provider: str
+    fn: Callable[..., Any]
+    supported: bool | Unsupported = True
+    supports_args: Callable[..., bool | Unsupported] | None = None
+    inplace: bool = False
+    batch_invariant: bool = False
+    cacheable: bool = True
+    #: Which plugin distribution registered it (filled in by provider discovery).
+    origin: str | None = field(default=None)
+
+    @property
+    def is_supported(self) -> bool:
+        return bool(self.supported)
+
+    @property
+    def unsupported_reason(self) -> str | None:
+        if self.supported:
+            return None
+        return reason_of(self.supported, "marked unsupported on this platform")
+
+    def __repr__(self) -> str:
+        flags = [f for f, on in (("inplace", self.inplace), ("batch_invariant", self.batch_invariant)) if on]
+        return f"IrOpImpl({self.op_name}:{self.provider}{', ' + ', '.join(flags) if flags else ''})"

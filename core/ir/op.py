@@ -1,0 +1,297 @@
+"""`register_op` and `IrOp`: an op is a plain PyTorch function plus the object that dispatches it.
+
+The function is the op's meaning, its ``native`` fallback implementation and the oracle
+every other implementation is tested against. `IrOp` is the API: implementations, fake,
+priority, explanation, tolerances and test inputs all hang off it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, overload
+
+import torch
+
+from vllm_ir.errors import RegistrationError
+from vllm_ir.ir import dispatch as _dispatch
+from vllm_ir.ir import priority as _priority
+from vllm_ir.ir import registry, signature, torch_library
+from vllm_ir.ir.impl import NATIVE, RESERVED_PROVIDERS, IrOpImpl, Unsupported
+from vllm_ir.ir.priority import Mode, PriorityEntry
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: (atol, rtol) per dtype when an op does not override them.
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1.6e-2),
+    torch.float64: (1e-10, 1e-10),
+}
+
+InputGenerator = Callable[..., tuple[Any, ...]]
+
+
+class IrOp:
+    """A declared op. Call it like its function; see `register_impl`, `explain`, `get_priority`.
+
+    ``op(*args)`` is functional (inputs untouched, fresh outputs). ``op.maybe_inplace(*args)``
+    (ops declared with ``allow_inplace=True``) lets an in-place implementation overwrite the
+    activation inputs and return them: using a donated tensor afterwards is a bug.
+    """
+
+    maybe_inplace: Callable[..., Any]
+
+    def __init__(self, fn: Callable[..., Any], name: str, activations: Sequence[str] | None, allow_inplace: bool):
+        self.name = name
+        self.fn = fn
+        self.fake_fn: Callable[..., Any] = fn
+        self.allow_inplace = allow_inplace
+        self.signature = signature.check_parameters(fn, op=name, provider=None, what="the op function")
+        self.schema = signature.infer_schema(fn, op=name, provider=None, what="the op function")
+        self.tensor_params = signature.tensor_parameters(self.signature)
+        self.list_params = {
+            p.name for p in self.signature.parameters.values() if signature.is_tensor_list(p.annotation) or
+            getattr(p.annotation, "__origin__", None) in (list, tuple)
+        }
+        self.activations = self._check_activations(activations)
+        names = list(self.signature.parameters)
+        self.activation_indices = tuple(names.index(a) for a in self.activations)
+        self.impls: dict[str, IrOpImpl] = {NATIVE: IrOpImpl(name, NATIVE, fn)}
+        self._decisions: dict[tuple, _dispatch.Decision] = {}
+        self._tolerances: dict[torch.dtype, tuple[float, float]] = {}
+        self._input_generator: InputGenerator | None = None
+        self.__doc__ = fn.__doc__
+
+    # -- implementations ---------------------------------------------------------------
+
+    def register_impl(
+        self,
+        provider: str,
+        *,
+        supported: bool | Unsupported = True,
+        supports_args: Callable[..., bool | Unsupported] | None = None,
+        inplace: bool = False,
+        batch_invariant: bool = False,
+        cacheable: bool = True,
+    ) -> Callable[[F], F]:
+        """Register ``provider``'s implementation of this op (decorator).
+
+        :param supported: whether it can run in this process at all (or an `Unsupported` reason).
+        :param supports_args: per-call predicate with the op's parameters; returns a bool or
+            an `Unsupported` reason. It must not look at batch size or tensor values.
+        :param inplace: the implementation overwrites the activations and returns them.
+        :param batch_invariant: results do not depend on the batch composition.
+        :param cacheable: False when the predicate looks beyond dtype, device, number of
+            dimensions, contiguity and scalar arguments (its answer is then not cached).
+
+        Example::
+
+            @vllm_ir.ops.rms_norm.register_impl("mine", supports_args=lambda x, weight, epsilon, variance_size=None: variance_size is None)
+            def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+                ...
+        """
+
+        def decorator(fn: F) -> F:
+            self.add_impl(
+                IrOpImpl(self.name, provider, fn, supported, supports_args, inplace, batch_invariant, cacheable)
+            )
+            return fn
+
+        return decorator
+
+    def add_impl(self, impl: IrOpImpl) -> IrOpImpl:
+        """Validate and add an implementation; a refused one leaves no trace."""
+        p = impl.provider
+        if not isinstance(p, str) or not p.isidentifier():
+            raise RegistrationError(f"op {self.name!r}: provider name {p!r} must be an identifier", op=self.name, provider=str(p))
+        if p in RESERVED_PROVIDERS:
+            raise RegistrationError(
+                f"op {self.name!r}, provider {p!r}: {sorted(RESERVED_PROVIDERS)} are reserved provider names "
+                "(native is the op's own function)",
+                op=self.name,
+                provider=p,
+            )
+        if p in self.impls:
+            existing = self.impls[p]
+            raise RegistrationError(
+                f"op {self.name!r}, provider {p!r}: already has an implementation "
+                f"({_describe(existing.fn)}{', from ' + existing.origin if existing.origin else ''}); "
+                "one implementation per provider per op",
+                op=self.name,
+                provider=p,
+            )
+        if impl.inplace and not self.allow_inplace:
+            raise RegistrationError(
+                f"op {self.name!r}, provider {p!r}: inplace=True needs an op declared with allow_inplace=True",
+                op=self.name,
+                provider=p,
+            )
+        if not isinstance(impl.supported, (bool, Unsupported)):
+            raise RegistrationError(
+                f"op {self.name!r}, provider {p!r}: supported must be a bool or vllm_ir.Unsupported, "
+                f"got {type(impl.supported).__name__}",
+                op=self.name,
+                provider=p,
+            )
+        signature.check_parameters(impl.fn, op=self.name, provider=p, what="the implementation")
+        impl_schema = signature.infer_schema(impl.fn, op=self.name, provider=p, what="the implementation")
+        signature.check_same_schema(self.schema, impl_schema, op=self.name, provider=p)
+        if impl.supports_args is not None:
+            signature.check_predicate_signature(impl.supports_args, self.signature, op=self.name, provider=p)
+        self.impls[p] = impl
+        registry.invalidate()
+        return impl
+
+    def remove_impl(self, provider: str) -> IrOpImpl | None:
+        """Withdraw a provider's implementation (used when a plugin fails half-way)."""
+        if provider == NATIVE:
+            raise RegistrationError(f"op {self.name!r}: the native implementation cannot be removed", op=self.name)
+        impl = self.impls.pop(provider, None)
+        if impl is not None:
+            registry.invalidate()
+        return impl
+
+    def register_fake(self, fn: F) -> F:
+        """Replace the fake (meta) function used while tracing; defaults to the native function."""
+        signature.check_parameters(fn, op=self.name, provider=None, what="the fake function")
+        fake_sig = [(q.name, q.default) for q in inspect.signature(fn).parameters.values()]
+        if fake_sig != [(q.name, q.default) for q in self.signature.parameters.values()]:
+            raise RegistrationError(f"op {self.name!r}: the fake function must take the op's parameters", op=self.name)
+        self.fake_fn = fn
+        return fn
+
+    # -- choosing ------------------------------------------------------------------------
+
+    def dispatch(self, *args: Any, mode: Mode = "eager") -> IrOpImpl:
+        """The implementation a call with ``args`` runs (no fallback policy, no statistics)."""
+        return _dispatch.decide(self, self._bind(args), mode, _priority.current_scope()).impl
+
+    def explain(self, *args: Any, mode: Mode = "eager") -> _dispatch.Explanation:
+        """Every provider of the effective priority with its verdict for ``args``."""
+        return _dispatch.explain(self, self._bind(args), mode)
+
+    def get_priority(self, mode: Mode = "eager") -> list[PriorityEntry]:
+        """The providers dispatch tries, in order, each with the layer that placed it."""
+        return [entry for _impl, entry in _priority.resolve(self, mode, _priority.current_scope()).candidates]
+
+    # -- testing support -----------------------------------------------------------------
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        """(atol, rtol) for comparing an implementation against native in ``dtype``."""
+        return self._tolerances.get(dtype) or DEFAULT_TOLERANCES.get(dtype, (1e-5, 1e-5))
+
+    def set_tolerance(self, dtype: torch.dtype, *, atol: float, rtol: float) -> None:
+        self._tolerances[dtype] = (atol, rtol)
+
+    def input_generator(self, fn: InputGenerator) -> InputGenerator:
+        """Register ``fn(shape, dtype, device, **options) -> args`` that makes realistic inputs."""
+        self._input_generator = fn
+        return fn
+
+    def generate_inputs(
+        self, shape: Sequence[int], dtype: torch.dtype, device: str | torch.device = "cpu", **options: Any
+    ) -> tuple[Any, ...]:
+        if self._input_generator is None:
+            raise RegistrationError(f"op {self.name!r} has no input generator", op=self.name)
+        return self._input_generator(tuple(shape), dtype, torch.device(device), **options)
+
+    # -- internals -----------------------------------------------------------------------
+
+    @property
+    def torch_op(self) -> torch._ops.OpOverloadPacket:
+        return getattr(torch.ops.vllm_ir, self.name)
+
+    def _bind(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        bound = self.signature.bind(*args)
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    def _run_functional(self, *args: Any) -> Any:
+        """Kernel behind ``torch.ops.vllm_ir.<op>`` when the dispatcher is used."""
+        args = self._bind(args)
+        decision = _dispatch.decide(self, args, "eager", _priority.current_scope())
+        return decision.functional(*args)
+
+    def _clear_decisions(self) -> None:
+        if self._decisions:
+            _dispatch.retire(self._decisions, self.name)
+            self._decisions.clear()
+
+    def _check_activations(self, activations: Sequence[str] | None) -> tuple[str, ...]:
+        names = list(self.signature.parameters)
+        if activations is None:
+            return tuple(n for n in names if n.startswith("x") and n in self.tensor_params)
+        if isinstance(activations, str):
+            activations = [activations]
+        for a in activations:
+            if a not in self.tensor_params:
+                raise RegistrationError(
+                    f"op {self.name!r}: activation {a!r} is not a Tensor parameter of the op "
+                    f"(tensor parameters: {', '.join(self.tensor_params) or 'none'})",
+                    op=self.name,
+                )
+        return tuple(activations)
+
+    def __repr__(self) -> str:
+        return f"<vllm_ir op {self.name}{self.schema} providers={sorted(self.impls)}>"
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+@overload
+def register_op(fn: F, /) -> IrOp: ...
+@overload
+def register_op(
+    *, name: str | None = None, activations: Sequence[str] | None = None, allow_inplace: bool = False
+) -> Callable[[F], IrOp]: ...
+
+
+def register_op(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    activations: Sequence[str] | None = None,
+    allow_inplace: bool = False,
+) -> IrOp | Callable[[Callable[..., Any]], IrOp]:
+    """Declare an op from a fully annotated PyTorch function (bare or with options).
+
+    :param name: op name (default: the function's name); a lowercase identifier.
+    :param activations: parameters donated by ``maybe_inplace`` (default: tensor
+        parameters whose names start with ``x``).
+    :param allow_inplace: also create the ``maybe_inplace`` overload.
+
+    Example::
+
+        @vllm_ir.register_op
+        def scale(x: Tensor, factor: float) -> Tensor:
+            return x * factor
+
+        vllm_ir.ops.scale(torch.ones(3), 2.0)   # torch.ops.vllm_ir.scale.default under compile
+    """
+
+    def decorator(f: Callable[..., Any]) -> IrOp:
+        op_name = name if name is not None else f.__name__
+        signature.check_op_name(op_name)
+        if registry.has_op(op_name):
+            raise RegistrationError(f"op {op_name!r} is already registered ({registry.get_op(op_name).fn.__module__})", op=op_name)
+        op = IrOp(f, op_name, activations, allow_inplace)
+        lib = torch_library.define(op, op._run_functional)
+        default_overload = torch_library.overload(op_name)
+        inplace_overload = torch_library.overload(op_name, torch_library.MAYBE_INPLACE) if allow_inplace else default_overload
+        call, call_maybe_inplace = _dispatch.build_entry_points(op, default_overload, inplace_overload)
+        # Per-op subclass: ``op(...)`` goes straight into the generated hot path.
+        op.__class__ = type(f"IrOp_{op_name}", (IrOp,), {"__call__": staticmethod(call), "__slots__": ()})
+        op._library = lib
+        if allow_inplace:
+            op.maybe_inplace = call_maybe_inplace
+        registry.add_op(op)
+        return op
+
+    if fn is not None:
+        return decorator(fn)
+    return decorator

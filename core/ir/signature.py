@@ -1,0 +1,122 @@
+"""Signature checks done once at registration, never per call.
+
+The torch schema inferred from a function's annotations is the single description of an
+op's calling convention: the op, the torch library definition and every implementation are
+compared through it, so "same signature" means what the dispatcher and the compiler see.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any, get_args, get_origin
+
+import torch
+
+from vllm_ir.errors import RegistrationError
+
+_OP_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_REFUSED_KINDS = {
+    inspect.Parameter.KEYWORD_ONLY: "keyword-only",
+    inspect.Parameter.VAR_POSITIONAL: "*args",
+    inspect.Parameter.VAR_KEYWORD: "**kwargs",
+    inspect.Parameter.POSITIONAL_ONLY: "positional-only",
+}
+
+
+def check_op_name(name: str) -> None:
+    if not isinstance(name, str) or not _OP_NAME.match(name):
+        raise RegistrationError(
+            f"invalid op name {name!r}: op names must be lowercase Python identifiers "
+            "(letters a-z, digits, underscores; not starting with a digit)",
+            op=str(name),
+        )
+
+
+def check_parameters(fn: Callable[..., Any], *, op: str, provider: str | None, what: str) -> inspect.Signature:
+    """Refuse parameter kinds a torch schema cannot express positionally."""
+    sig = inspect.signature(fn)
+    for p in sig.parameters.values():
+        if p.kind in _REFUSED_KINDS:
+            raise RegistrationError(
+                f"{_who(op, provider)}: {what} has {_REFUSED_KINDS[p.kind]} parameter {p.name!r}; "
+                "IR ops take plain positional-or-keyword parameters only",
+                op=op,
+                provider=provider,
+            )
+    return sig
+
+
+def infer_schema(fn: Callable[..., Any], *, op: str, provider: str | None, what: str) -> str:
+    """The torch schema string of ``fn`` (without the op name), with a vllm-ir error on failure."""
+    try:
+        return torch.library.infer_schema(fn, mutates_args=())
+    except (ValueError, TypeError) as exc:
+        raise RegistrationError(
+            f"{_who(op, provider)}: cannot infer a torch schema from {what}: {exc}. "
+            "Annotate every parameter and the return value with torch-compatible types "
+            "(Tensor, Tensor | None, float, int, bool, list[int], tuple[Tensor, Tensor], ...)",
+            op=op,
+            provider=provider,
+        ) from exc
+
+
+def tensor_parameters(sig: inspect.Signature) -> dict[str, bool]:
+    """Map each Tensor-typed parameter name to whether it may be None."""
+    out: dict[str, bool] = {}
+    for p in sig.parameters.values():
+        ann = p.annotation
+        if ann is torch.Tensor:
+            out[p.name] = False
+        elif torch.Tensor in get_args(ann) and type(None) in get_args(ann):
+            out[p.name] = True
+    return out
+
+
+def is_tensor_list(annotation: object) -> bool:
+    return get_origin(annotation) in (list, tuple) and torch.Tensor in get_args(annotation)
+
+
+def check_same_schema(op_schema: str, impl_schema: str, *, op: str, provider: str) -> None:
+    if op_schema == impl_schema:
+        return
+    raise RegistrationError(
+        f"{_who(op, provider)}: implementation signature does not match the op.\n"
+        f"  op expects:          {op_schema}\n"
+        f"  implementation has:  {impl_schema}\n"
+        "Parameter names, types, defaults and the return type must be identical.",
+        op=op,
+        provider=provider,
+    )
+
+
+def check_predicate_signature(
+    pred: Callable[..., Any], op_sig: inspect.Signature, *, op: str, provider: str
+) -> None:
+    """``supports_args`` must take the op's parameters: same names, same defaults."""
+    if not callable(pred):
+        raise RegistrationError(
+            f"{_who(op, provider)}: supports_args must be callable, got {type(pred).__name__}",
+            op=op,
+            provider=provider,
+        )
+    sig = check_parameters(pred, op=op, provider=provider, what="supports_args")
+    want = [(p.name, p.default) for p in op_sig.parameters.values()]
+    have = [(p.name, p.default) for p in sig.parameters.values()]
+    if want != have:
+        raise RegistrationError(
+            f"{_who(op, provider)}: supports_args must take the op's parameters with the same "
+            f"names and defaults.\n  op expects:    {_fmt(want)}\n  supports_args: {_fmt(have)}",
+            op=op,
+            provider=provider,
+        )
+
+
+def _fmt(params: list[tuple[str, object]]) -> str:
+    parts = [n if d is inspect.Parameter.empty else f"{n}={d!r}" for n, d in params]
+    return "(" + ", ".join(parts) + ")"
+
+
+def _who(op: str, provider: str | None) -> str:
+    return f"op {op!r}" if provider is None else f"op {op!r}, provider {provider!r}"
