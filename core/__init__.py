@@ -1,8 +1,8 @@
 """vllm-ir: declare LLM-inference ops once, pick a kernel per call from a priority list.
 
-    import vllm_ir
-    y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
-    print(vllm_ir.ops.rms_norm.explain(x, weight, 1e-6))
+import vllm_ir
+y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
+print(vllm_ir.ops.rms_norm.explain(x, weight, 1e-6))
 """
 
 from vllm_ir.errors import (

@@ -70,7 +70,7 @@ class Explanation:
 
     def __str__(self) -> str:
         rows = [(v.provider, v.status, v.source, v.reason or "") for v in self.verdicts]
-        widths = [max(len(r[i]) for r in rows + [("provider", "verdict", "from", "")]) for i in range(3)]
+        widths = [max(len(r[i]) for r in [*rows, ("provider", "verdict", "from", "")]) for i in range(3)]
         lines = [f"{self.op} ({self.mode}): chose {self.chosen}"]
         lines.append(f"  {'provider':<{widths[0]}}  {'verdict':<{widths[1]}}  {'from':<{widths[2]}}  reason")
         for r in rows:
@@ -128,7 +128,9 @@ def explain(op: IrOp, args: Sequence[Any], mode: Mode = "eager") -> Explanation:
             chosen = e.provider
             verdicts.append(Verdict(e.provider, "chosen", None, e.layer, e.source))
         else:
-            verdicts.append(Verdict(e.provider, "declined", reason_of(verdict, "declined by supports_args"), e.layer, e.source))
+            verdicts.append(
+                Verdict(e.provider, "declined", reason_of(verdict, "declined by supports_args"), e.layer, e.source)
+            )
     assert chosen is not None
     return Explanation(op.name, mode, chosen, tuple(verdicts))
 
@@ -166,7 +168,14 @@ def on_miss(op: IrOp, key: tuple, args: tuple) -> Decision:
     decision = decide(op, args, "eager", key[0])
     if decision.skipped:
         _apply_fallback_policy(op, decision)
-    if decision.cacheable:
+    if (
+        not decision.skipped
+        and decision.impl is _priority.resolve(op, "eager", key[0]).candidates[0][0]
+        and (decision.impl.supports_args is None)
+    ):
+        # The first candidate accepts every call: no per-call key is needed in this scope.
+        op._fixed[key[0]] = decision
+    elif decision.cacheable:
         cache = op._decisions
         if len(cache) >= MAX_CACHED_DECISIONS:
             op._clear_decisions()
@@ -183,10 +192,7 @@ def _apply_fallback_policy(op: IrOp, decision: Decision) -> None:
     if policy == "allow":
         return
     provider, reason = decision.skipped[0]
-    message = (
-        f"op {op.name!r}: provider {provider!r} declined the call ({reason}); "
-        f"{decision.provider!r} runs instead"
-    )
+    message = f"op {op.name!r}: provider {provider!r} declined the call ({reason}); {decision.provider!r} runs instead"
     if policy == "error":
         raise FallbackError(message + " [VLLM_IR_FALLBACK=error]")
     for provider, reason in decision.skipped:
@@ -237,8 +243,14 @@ def reset_dispatch_stats() -> None:
 # The generated hot path
 
 
-def build_entry_points(op: IrOp, torch_default: Callable[..., Any], torch_maybe_inplace: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """Generate ``op(...)`` and ``op.maybe_inplace(...)`` with the op's exact parameters."""
+def build_entry_points(
+    op: IrOp, torch_default: Callable[..., Any], torch_maybe_inplace: Callable[..., Any]
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Generate ``op(...)`` and ``op.maybe_inplace(...)`` with the op's exact parameters.
+
+    ``op(...)`` is returned as a method (first parameter the op itself) so that it can be
+    the ``__call__`` of the op's class, which Dynamo inlines like any user method.
+    """
     sig = op.signature
     names = list(sig.parameters)
     env: dict[str, Any] = {
@@ -246,6 +258,8 @@ def build_entry_points(op: IrOp, torch_default: Callable[..., Any], torch_maybe_
         "_dispatch_stack": torch._C._len_torch_dispatch_stack,
         "_scope": current_scope,
         "_cache": op._decisions,
+        "_fixed": op._fixed,
+        "_bad_arguments": lambda args: check_arguments(op, args),
         "_miss": lambda key, args: on_miss(op, key, args),
         "_torch_default": torch_default,
         "_torch_maybe_inplace": torch_maybe_inplace,
@@ -258,18 +272,28 @@ def build_entry_points(op: IrOp, torch_default: Callable[..., Any], torch_maybe_
         else:
             env[f"_default_{i}"] = p.default
             params.append(f"{p.name}=_default_{i}")
-    key_parts = ["_scope()"] + [_key_expr(op, name) for name in names]
+    key_parts = ["scope"] + [_key_expr(op, name) for name in names]
     call = ", ".join(names)
     sources = {}
-    for fn_name, torch_fn, runner in (("default", "_torch_default", "functional"), ("maybe_inplace", "_torch_maybe_inplace", "maybe_inplace")):
+    for fn_name, self_param, torch_fn, runner in (
+        ("default", "_op_self, ", "_torch_default", "functional"),
+        ("maybe_inplace", "", "_torch_maybe_inplace", "maybe_inplace"),
+    ):
         sources[fn_name] = (
-            f"def {op.name}({', '.join(params)}):\n"
+            f"def {op.name}({self_param}{', '.join(params)}):\n"
             f"    if _is_compiling() or _dispatch_stack():\n"
             f"        return {torch_fn}({call})\n"
-            f"    key = ({', '.join(key_parts)},)\n"
-            f"    d = _cache.get(key)\n"
+            f"    scope = _scope()\n"
+            f"    d = _fixed.get(scope)\n"
             f"    if d is None:\n"
-            f"        d = _miss(key, ({call},))\n"
+            f"        try:\n"
+            f"            key = ({', '.join(key_parts)},)\n"
+            f"        except (AttributeError, TypeError):\n"
+            f"            _bad_arguments(({call},))\n"
+            f"            raise\n"
+            f"        d = _cache.get(key)\n"
+            f"        if d is None:\n"
+            f"            d = _miss(key, ({call},))\n"
             f"    d.calls += 1\n"
             f"    return d.{runner}({call})\n"
         )
@@ -282,6 +306,16 @@ def build_entry_points(op: IrOp, torch_default: Callable[..., Any], torch_maybe_
         fn.__doc__ = op.fn.__doc__
         fns.append(fn)
     return fns[0], fns[1]
+
+
+def check_arguments(op: IrOp, args: tuple) -> None:
+    """Name the argument that is not a tensor where the op expects one."""
+    for (name, optional), i in zip(op.tensor_params.items(), op.tensor_param_indices, strict=True):
+        value = args[i]
+        if value is None and optional:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"op {op.name!r}: argument {name!r} must be a Tensor, got {type(value).__name__}")
 
 
 def _key_expr(op: IrOp, name: str) -> str:

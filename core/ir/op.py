@@ -52,14 +52,17 @@ class IrOp:
         self.schema = signature.infer_schema(fn, op=name, provider=None, what="the op function")
         self.tensor_params = signature.tensor_parameters(self.signature)
         self.list_params = {
-            p.name for p in self.signature.parameters.values() if signature.is_tensor_list(p.annotation) or
-            getattr(p.annotation, "__origin__", None) in (list, tuple)
+            p.name
+            for p in self.signature.parameters.values()
+            if signature.is_tensor_list(p.annotation) or getattr(p.annotation, "__origin__", None) in (list, tuple)
         }
         self.activations = self._check_activations(activations)
         names = list(self.signature.parameters)
         self.activation_indices = tuple(names.index(a) for a in self.activations)
         self.impls: dict[str, IrOpImpl] = {NATIVE: IrOpImpl(name, NATIVE, fn)}
+        self.tensor_param_indices = tuple(names.index(t) for t in self.tensor_params)
         self._decisions: dict[tuple, _dispatch.Decision] = {}
+        self._fixed: dict[object, _dispatch.Decision] = {}
         self._tolerances: dict[torch.dtype, tuple[float, float]] = {}
         self._input_generator: InputGenerator | None = None
         self.__doc__ = fn.__doc__
@@ -88,7 +91,10 @@ class IrOp:
 
         Example::
 
-            @vllm_ir.ops.rms_norm.register_impl("mine", supports_args=lambda x, weight, epsilon, variance_size=None: variance_size is None)
+            def no_variance_size(x, weight, epsilon, variance_size=None):
+                return variance_size is None or vllm_ir.Unsupported("variance_size not supported")
+
+            @vllm_ir.ops.rms_norm.register_impl("mine", supports_args=no_variance_size)
             def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
                 ...
         """
@@ -105,7 +111,9 @@ class IrOp:
         """Validate and add an implementation; a refused one leaves no trace."""
         p = impl.provider
         if not isinstance(p, str) or not p.isidentifier():
-            raise RegistrationError(f"op {self.name!r}: provider name {p!r} must be an identifier", op=self.name, provider=str(p))
+            raise RegistrationError(
+                f"op {self.name!r}: provider name {p!r} must be an identifier", op=self.name, provider=str(p)
+            )
         if p in RESERVED_PROVIDERS:
             raise RegistrationError(
                 f"op {self.name!r}, provider {p!r}: {sorted(RESERVED_PROVIDERS)} are reserved provider names "
@@ -215,6 +223,7 @@ class IrOp:
         return decision.functional(*args)
 
     def _clear_decisions(self) -> None:
+        self._fixed.clear()
         if self._decisions:
             _dispatch.retire(self._decisions, self.name)
             self._decisions.clear()
@@ -278,14 +287,18 @@ def register_op(
         op_name = name if name is not None else f.__name__
         signature.check_op_name(op_name)
         if registry.has_op(op_name):
-            raise RegistrationError(f"op {op_name!r} is already registered ({registry.get_op(op_name).fn.__module__})", op=op_name)
+            raise RegistrationError(
+                f"op {op_name!r} is already registered ({registry.get_op(op_name).fn.__module__})", op=op_name
+            )
         op = IrOp(f, op_name, activations, allow_inplace)
         lib = torch_library.define(op, op._run_functional)
         default_overload = torch_library.overload(op_name)
-        inplace_overload = torch_library.overload(op_name, torch_library.MAYBE_INPLACE) if allow_inplace else default_overload
+        inplace_overload = (
+            torch_library.overload(op_name, torch_library.MAYBE_INPLACE) if allow_inplace else default_overload
+        )
         call, call_maybe_inplace = _dispatch.build_entry_points(op, default_overload, inplace_overload)
         # Per-op subclass: ``op(...)`` goes straight into the generated hot path.
-        op.__class__ = type(f"IrOp_{op_name}", (IrOp,), {"__call__": staticmethod(call), "__slots__": ()})
+        op.__class__ = type(f"IrOp_{op_name}", (IrOp,), {"__call__": call, "__slots__": ()})
         op._library = lib
         if allow_inplace:
             op.maybe_inplace = call_maybe_inplace

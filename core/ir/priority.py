@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from vllm_ir.errors import PriorityError
+from vllm_ir.errors import PriorityError, UnknownOpError
 from vllm_ir.ir import registry
 from vllm_ir.ir.impl import NATIVE, IrOpImpl
 
@@ -92,7 +92,7 @@ class Settings:
 class _Scope:
     """An interned stack of scoped priority lists; hashed by identity for cheap cache keys."""
 
-    __slots__ = ("lists", "__weakref__")
+    __slots__ = ("__weakref__", "lists")
 
     def __init__(self, lists: tuple[tuple[str, tuple[str, ...]], ...]):
         self.lists = lists  # innermost first
@@ -162,8 +162,8 @@ def clear_priority() -> None:
 def priority(**op_priorities: Sequence[str]) -> Iterator[None]:
     """Scoped priorities for this thread or task; nests, and is undone on exit or exception::
 
-        with vllm_ir.priority(rms_norm=["triton", "vllm_c"]):
-            model(x)
+    with vllm_ir.priority(rms_norm=["triton", "vllm_c"]):
+        model(x)
     """
     new = tuple((op, _validate(op, providers, "priority()")) for op, providers in op_priorities.items())
     outer = _scope_var.get()
@@ -206,13 +206,27 @@ def resolve(op: IrOp, mode: Mode = "eager", scope: _Scope | None = None) -> Reso
         seen.add(entry.provider)
         impl = op.impls.get(entry.provider)
         if impl is None:
-            entries.append(ResolvedEntry(entry, EntryStatus.NOT_INSTALLED, f"no {entry.provider!r} implementation of {op.name} is registered"))
+            entries.append(
+                ResolvedEntry(
+                    entry, EntryStatus.NOT_INSTALLED, f"no {entry.provider!r} implementation of {op.name} is registered"
+                )
+            )
         elif not impl.supported:
             entries.append(ResolvedEntry(entry, EntryStatus.UNSUPPORTED, impl.unsupported_reason))
         elif st.batch_invariant and not impl.batch_invariant and impl.provider != NATIVE:
-            entries.append(ResolvedEntry(entry, EntryStatus.NOT_BATCH_INVARIANT, f"{ENV_BATCH_INVARIANT}=1 and this implementation is not batch-invariant"))
+            entries.append(
+                ResolvedEntry(
+                    entry,
+                    EntryStatus.NOT_BATCH_INVARIANT,
+                    f"{ENV_BATCH_INVARIANT}=1 and this implementation is not batch-invariant",
+                )
+            )
         elif closed:
-            entries.append(ResolvedEntry(entry, EntryStatus.UNREACHABLE, f"after {candidates[-1][1].provider!r}, which accepts every call"))
+            entries.append(
+                ResolvedEntry(
+                    entry, EntryStatus.UNREACHABLE, f"after {candidates[-1][1].provider!r}, which accepts every call"
+                )
+            )
         else:
             entries.append(ResolvedEntry(entry, EntryStatus.CANDIDATE))
             candidates.append((impl, entry))
@@ -235,7 +249,9 @@ def parse_priority_spec(spec: str, *, source: str = ENV_PRIORITY) -> dict[str, t
         if not sep or not op:
             raise PriorityError(f"{source}: {item!r} is not of the form op=provider[,provider...] (in {spec!r})")
         if not rest.strip() or any(not p for p in providers):
-            raise PriorityError(f"{source}: op {op!r} has an empty provider name in {item!r}; expected op=provider[,provider...]")
+            raise PriorityError(
+                f"{source}: op {op!r} has an empty provider name in {item!r}; expected op=provider[,provider...]"
+            )
         if op in out:
             raise PriorityError(f"{source}: op {op!r} is given twice")
         out[op] = _validate(op, providers, source)
@@ -258,11 +274,16 @@ def _read_env(env: Mapping[str, str]) -> Settings:
 
 def _validate(op_name: str, providers: Sequence[str] | None, source: str) -> tuple[str, ...]:
     registry.ensure_providers_loaded()
-    op = registry.get_op(op_name)
+    try:
+        op = registry.get_op(op_name)
+    except UnknownOpError as exc:
+        raise UnknownOpError(f"{source}: {exc}") from None
     if providers is None:
         return ()
     if isinstance(providers, str):
-        raise PriorityError(f"{source}: priority of op {op_name!r} must be a list of provider names, got the string {providers!r}")
+        raise PriorityError(
+            f"{source}: priority of op {op_name!r} must be a list of provider names, got the string {providers!r}"
+        )
     out = tuple(providers)
     for p in out:
         if p not in op.impls:

@@ -36,7 +36,12 @@ def check_op_name(name: str) -> None:
 
 def check_parameters(fn: Callable[..., Any], *, op: str, provider: str | None, what: str) -> inspect.Signature:
     """Refuse parameter kinds a torch schema cannot express positionally."""
-    sig = inspect.signature(fn)
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except NameError as exc:
+        raise RegistrationError(
+            f"{_who(op, provider)}: cannot resolve the annotations of {what}: {exc}", op=op, provider=provider
+        ) from exc
     for p in sig.parameters.values():
         if p.kind in _REFUSED_KINDS:
             raise RegistrationError(
@@ -91,9 +96,7 @@ def check_same_schema(op_schema: str, impl_schema: str, *, op: str, provider: st
     )
 
 
-def check_predicate_signature(
-    pred: Callable[..., Any], op_sig: inspect.Signature, *, op: str, provider: str
-) -> None:
+def check_predicate_signature(pred: Callable[..., Any], op_sig: inspect.Signature, *, op: str, provider: str) -> None:
     """``supports_args`` must take the op's parameters: same names, same defaults."""
     if not callable(pred):
         raise RegistrationError(

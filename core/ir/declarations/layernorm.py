@@ -51,7 +51,14 @@ def fused_add_rms_norm(
     return x, residual
 
 
-def _weight(hidden: int, dtype: torch.dtype, device: torch.device, generator: torch.Generator, weight_dtype: torch.dtype | None, with_weight: bool) -> Tensor | None:
+def _weight(
+    hidden: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    generator: torch.Generator,
+    weight_dtype: torch.dtype | None,
+    with_weight: bool,
+) -> Tensor | None:
     if not with_weight:
         return None
     w = 1.0 + 0.1 * torch.randn(hidden, generator=generator, dtype=torch.float32)

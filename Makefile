@@ -1,0 +1,19 @@
+# Two commands (see README): `make run` sets up and runs the main job; `make test` sets up and runs the tests.
+PY := .venv/bin/python
+
+.PHONY: setup run test lint bench
+
+setup:
+	./scripts/setup.sh
+
+run: setup
+	$(PY) examples/eager_dispatch.py
+
+test: setup
+	$(PY) -m pytest -q
+
+lint:
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+bench: setup
+	$(PY) benchmarks/dispatch_overhead.py

@@ -1,0 +1,85 @@
+"""How vllm-ir times kernels: one implementation shared by ``vllm-ir bench`` and ``benchmarks/``.
+
+This machine class is noisy (2 shared cores), so comparisons are made side by side in one
+process: paired, interleaved samples whose order alternates, reduced to medians.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and spread of per-call wall time, in microseconds."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    samples: int
+
+
+def time_call(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, inner: int = 1) -> Timing:
+    """Median wall time of ``fn()`` over ``repeats`` samples of ``inner`` calls each (CPU)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(repeats):
+        t0 = clock()
+        for _ in range(inner):
+            fn()
+        samples.append((clock() - t0) / inner / 1e3)
+    return _summarize(samples)
+
+
+def paired_overhead(
+    baseline: Callable[[], object], candidate: Callable[[], object], *, samples: int = 2000, inner: int = 20
+) -> Timing:
+    """Median per-call difference (candidate - baseline) over interleaved blocks of ``inner`` calls.
+
+    Blocks alternate which callable runs first; medians of per-pair differences cancel the
+    drift (frequency, other tenants) that separate runs of each callable would absorb.
+    """
+    for _ in range(max(10, samples // 20)):
+        baseline()
+        candidate()
+    clock = time.perf_counter_ns
+    diffs = []
+    for i in range(samples):
+        first, second = (candidate, baseline) if i & 1 else (baseline, candidate)
+        t0 = clock()
+        for _ in range(inner):
+            first()
+        t1 = clock()
+        for _ in range(inner):
+            second()
+        t2 = clock()
+        a, b = (t1 - t0), (t2 - t1)
+        diffs.append(((a - b) if i & 1 else (b - a)) / inner / 1e3)
+    return _summarize(diffs)
+
+
+def _summarize(samples: list[float]) -> Timing:
+    q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else [samples[0]] * 9
+    return Timing(statistics.median(samples), q[0], q[-1], len(samples))
+
+
+def machine_summary() -> str:
+    """One line naming the machine, torch build and thread count, printed by every benchmark."""
+    build = (
+        f"cuda {torch.version.cuda}"
+        if torch.version.cuda
+        else ("rocm " + torch.version.hip if torch.version.hip else "cpu")
+    )
+    return (
+        f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cpus, "
+        f"torch {torch.__version__} ({build}), {torch.get_num_threads()} threads, python {platform.python_version()}"
+    )

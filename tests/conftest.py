@@ -1,0 +1,42 @@
+"""Shared fixtures: every test starts from the core's own state and leaves it that way."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+
+import vllm_ir
+from vllm_ir.ir import registry
+
+_ENV = ("VLLM_IR_OP_PRIORITY", "VLLM_IR_FALLBACK", "VLLM_BATCH_INVARIANT")
+_names = itertools.count()
+
+
+def unique(name: str) -> str:
+    """Torch library definitions live for the process: test ops get fresh names."""
+    return f"{name}_t{next(_names)}"
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch):
+    for var in _ENV:
+        monkeypatch.delenv(var, raising=False)
+    ops_before = dict(registry._ops)
+    impls_before = {name: dict(op.impls) for name, op in ops_before.items()}
+    vllm_ir.clear_priority()
+    vllm_ir.reload_env()
+    vllm_ir.reset_dispatch_stats()
+    yield
+    for name in list(registry._ops):
+        if name not in ops_before:
+            del registry._ops[name]
+    for name, impls in impls_before.items():
+        registry._ops[name].impls.clear()
+        registry._ops[name].impls.update(impls)
+    for var in _ENV:
+        os.environ.pop(var, None)
+    vllm_ir.clear_priority()
+    vllm_ir.reload_env()
+    vllm_ir.reset_dispatch_stats()

@@ -1,0 +1,40 @@
+"""Small helpers to build implementations with the core ops' exact signatures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+
+
+def rms_norm_impl(provider: str, body: Callable[..., Tensor] | None = None, **options) -> Callable[..., Tensor]:
+    """Register an rms_norm implementation that records its calls and computes like native."""
+    calls: list[str] = []
+
+    def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        calls.append(provider)
+        fn = body or vllm_ir.ops.rms_norm.fn
+        return fn(x, weight, epsilon, variance_size)
+
+    rms_norm.calls = calls  # type: ignore[attr-defined]
+    vllm_ir.ops.rms_norm.register_impl(provider, **options)(rms_norm)
+    return rms_norm
+
+
+def inplace_fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """A correct in-place implementation built from in-place torch ops (fp32 inputs)."""
+    x_residual.add_(x)
+    variance = x_residual.pow(2).mean(dim=-1, keepdim=True)
+    torch.mul(x_residual, torch.rsqrt(variance + epsilon), out=x)
+    if weight is not None:
+        x.mul_(weight)
+    return x, x_residual
+
+
+def x_w(tokens: int = 4, hidden: int = 16, dtype: torch.dtype = torch.float32):
+    return vllm_ir.ops.rms_norm.generate_inputs((tokens, hidden), dtype)[:3]

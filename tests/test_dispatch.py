@@ -1,0 +1,195 @@
+"""Which implementation runs, why others were skipped, and that cached decisions stay correct."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import vllm_ir
+from tests.ops_for_tests import rms_norm_impl, x_w
+from vllm_ir import FallbackError, FallbackWarning, PredicateError, Unsupported
+
+op = vllm_ir.ops.rms_norm
+
+
+def _bf16_only(x, weight, epsilon, variance_size=None):
+    if x.dtype != torch.bfloat16:
+        return Unsupported(f"dtype {x.dtype} is not bfloat16")
+    return True
+
+
+def test_first_accepting_provider_in_priority_runs():
+    a = rms_norm_impl("prov_a", supports_args=_bf16_only)
+    b = rms_norm_impl("prov_b")
+    vllm_ir.set_priority(rms_norm=["prov_a", "prov_b"])
+    x, w, eps = x_w()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        op(x, w, eps)
+    op(x.bfloat16(), w.bfloat16(), eps)
+    assert a.calls == ["prov_a"] and b.calls == ["prov_b"]
+
+
+def test_unsupported_provider_is_dropped_with_its_reason():
+    rms_norm_impl("absent_hw", supported=Unsupported("no such accelerator here"))
+    vllm_ir.set_priority(rms_norm=["absent_hw"])
+    assert [e.provider for e in op.get_priority()] == ["native"]
+    verdicts = {v.provider: v for v in op.explain(*x_w()).verdicts}
+    assert verdicts["absent_hw"].status == "unsupported"
+    assert verdicts["absent_hw"].reason == "no such accelerator here"
+
+
+def test_explain_reports_each_verdict():
+    rms_norm_impl("picky", supports_args=_bf16_only)
+    rms_norm_impl("broad")
+    rms_norm_impl("late")
+    vllm_ir.set_priority(rms_norm=["picky", "broad", "late"])
+    exp = op.explain(*x_w())
+    got = [(v.provider, v.status, v.reason) for v in exp.verdicts]
+    assert got == [
+        ("picky", "declined", "dtype torch.float32 is not bfloat16"),
+        ("broad", "chosen", None),
+        ("late", "unreachable", "after 'broad', which accepts every call"),
+        ("native", "unreachable", "after 'broad', which accepts every call"),
+    ]
+    assert exp.chosen == "broad"
+    assert "dtype torch.float32 is not bfloat16" in str(exp)
+
+
+def test_predicate_returning_non_bool_is_an_error_naming_op_and_provider():
+    rms_norm_impl("sloppy", supports_args=lambda x, weight, epsilon, variance_size=None: None)
+    vllm_ir.set_priority(rms_norm=["sloppy"])
+    with pytest.raises(PredicateError, match="op 'rms_norm', provider 'sloppy': supports_args returned NoneType"):
+        op(*x_w())
+
+
+def test_decisions_are_cached_per_signature():
+    seen = []
+
+    def counting(x, weight, epsilon, variance_size=None):
+        seen.append(x.dtype)
+        return True
+
+    rms_norm_impl("counted", supports_args=counting)
+    vllm_ir.set_priority(rms_norm=["counted"])
+    x, w, eps = x_w()
+    for tokens in (1, 2, 3, 8):
+        op(torch.randn(tokens, 16), w, eps)
+    assert seen == [torch.float32]  # batch size is not part of the key
+    op(x.double(), w.double(), eps)
+    op(x.t(), None, eps)  # non-contiguous, no weight
+    op(x[None], w, eps)  # one more dimension
+    op(x, w, 1e-5)  # another scalar value
+    assert len(seen) == 5
+
+
+def test_cache_invalidated_by_priority_change_and_late_registration():
+    x, w, eps = x_w()
+    op(x, w, eps)
+    late = rms_norm_impl("late_comer")
+    op(x, w, eps)
+    assert late.calls == []  # registered, but not in the priority
+    vllm_ir.set_priority(rms_norm=["late_comer"])
+    op(x, w, eps)
+    assert late.calls == ["late_comer"]
+    vllm_ir.clear_priority()
+    op(x, w, eps)
+    assert late.calls == ["late_comer"]
+
+
+def test_uncacheable_predicate_runs_every_call():
+    asked = []
+
+    def by_value(x, weight, epsilon, variance_size=None):
+        asked.append(1)
+        return bool(x.shape[0] % 2)  # looks at the batch: must opt out of caching
+
+    impl = rms_norm_impl("by_value", supports_args=by_value, cacheable=False)
+    vllm_ir.set_priority(rms_norm=["by_value"])
+    _, w, eps = x_w()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        for tokens in (1, 2, 3):
+            op(torch.randn(tokens, 16), w, eps)
+    assert len(asked) == 3
+    assert impl.calls == ["by_value", "by_value"]
+
+
+def test_skips_are_counted_and_warned_once():
+    rms_norm_impl("picky", supports_args=_bf16_only)
+    vllm_ir.set_priority(rms_norm=["picky"])
+    x, w, eps = x_w()
+    with pytest.warns(FallbackWarning, match="provider 'picky' declined the call .dtype torch.float32"):
+        op(x, w, eps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        op(x, w, eps)
+        op(torch.randn(7, 16), w, eps)
+    assert vllm_ir.dispatch_stats() == {"rms_norm": {"picky": {"dtype torch.float32 is not bfloat16": 3}}}
+    vllm_ir.set_priority(rms_norm=["picky", "native"])  # invalidation keeps the counts
+    assert vllm_ir.dispatch_stats()["rms_norm"]["picky"]["dtype torch.float32 is not bfloat16"] == 3
+
+
+def test_fallback_policy_error_raises(monkeypatch):
+    rms_norm_impl("picky", supports_args=_bf16_only)
+    vllm_ir.set_priority(rms_norm=["picky"])
+    monkeypatch.setenv("VLLM_IR_FALLBACK", "error")
+    vllm_ir.reload_env()
+    x, w, eps = x_w()
+    for _ in range(2):  # raised on every call, not only the first
+        with pytest.raises(FallbackError, match="provider 'picky' declined the call"):
+            op(x, w, eps)
+    op(x.bfloat16(), w.bfloat16(), eps)
+
+
+def test_fallback_policy_allow_is_silent(monkeypatch):
+    rms_norm_impl("picky", supports_args=_bf16_only)
+    vllm_ir.set_priority(rms_norm=["picky"])
+    monkeypatch.setenv("VLLM_IR_FALLBACK", "allow")
+    vllm_ir.reload_env()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        op(*x_w())
+
+
+def test_batch_invariant_mode_selects_only_batch_invariant_impls(monkeypatch):
+    fast = rms_norm_impl("fast")
+    steady = rms_norm_impl("steady", batch_invariant=True)
+    vllm_ir.set_priority(rms_norm=["fast", "steady"])
+    x, w, eps = x_w()
+    op(x, w, eps)
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    vllm_ir.reload_env()
+    op(x, w, eps)
+    assert fast.calls == ["fast"] and steady.calls == ["steady"]
+    assert {v.provider: v.status for v in op.explain(x, w, eps).verdicts}["fast"] == "not batch-invariant"
+
+
+def test_wrong_argument_type_names_op_and_parameter():
+    with pytest.raises(TypeError, match="op 'rms_norm': argument 'x' must be a Tensor, got list"):
+        op([1.0, 2.0], None, 1e-6)
+
+
+def test_wrong_shape_reaches_the_kernel_error():
+    x, _, eps = x_w()
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        op(x, torch.ones(3), eps)
+
+
+def test_keyword_arguments_and_defaults_work():
+    x, w, eps = x_w()
+    torch.testing.assert_close(op(x, weight=w, epsilon=eps), op.fn(x, w, eps))
+    torch.testing.assert_close(op(x, w, eps, variance_size=8), op.fn(x, w, eps, 8))
+
+
+def test_calls_under_tracing_record_one_ir_node():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    rms_norm_impl("traced_away")
+    vllm_ir.set_priority(rms_norm=["traced_away"])
+    x, w, eps = x_w()
+    gm = make_fx(lambda x, w: op(x, w, eps))(x, w)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.vllm_ir.rms_norm.default]

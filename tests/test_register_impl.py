@@ -1,0 +1,119 @@
+"""Registering implementations: every check, and that a refusal leaves no trace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+import vllm_ir
+from tests.ops_for_tests import inplace_fused_add_rms_norm, rms_norm_impl
+from vllm_ir import RegistrationError
+
+rms_norm = vllm_ir.ops.rms_norm
+
+
+def _refused(match: str, provider: str = "bad", **options):
+    before = dict(rms_norm.impls)
+    epoch_dispatch = rms_norm.dispatch(torch.ones(2, 4), None, 1e-6).provider
+    with pytest.raises(RegistrationError, match=match) as info:
+        yield_fn = options.pop("fn", None)
+        rms_norm.register_impl(provider, **options)(yield_fn)
+    assert rms_norm.impls == before
+    assert rms_norm.dispatch(torch.ones(2, 4), None, 1e-6).provider == epoch_dispatch
+    return info.value
+
+
+def _impl(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    return x
+
+
+def test_registers_and_reports_flags():
+    rms_norm.register_impl("good", inplace=False, batch_invariant=True)(_impl)
+    impl = rms_norm.impls["good"]
+    assert (impl.provider, impl.batch_invariant, impl.inplace, impl.cacheable) == ("good", True, False, True)
+
+
+def test_refuses_different_parameter_name():
+    def renamed(y: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        return y
+
+    err = _refused("implementation signature does not match", fn=renamed)
+    assert err.op == "rms_norm" and err.provider == "bad"
+    assert "(Tensor y," in str(err) and "(Tensor x," in str(err)
+
+
+def test_refuses_different_annotation():
+    def retyped(x: Tensor, weight: Tensor, epsilon: float, variance_size: int | None = None) -> Tensor:
+        return x
+
+    _refused("does not match", fn=retyped)
+
+
+def test_refuses_different_default():
+    def redefault(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = 4) -> Tensor:
+        return x
+
+    _refused("does not match", fn=redefault)
+
+
+def test_refuses_different_return_type():
+    def returns_two(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        return x, x
+
+    _refused("does not match", fn=returns_two)
+
+
+def test_refuses_keyword_only_implementation():
+    def kw(x: Tensor, weight: Tensor | None, *, epsilon: float, variance_size: int | None = None) -> Tensor:
+        return x
+
+    _refused("keyword-only parameter 'epsilon'", fn=kw)
+
+
+def test_refuses_predicate_with_other_parameters():
+    _refused("supports_args must take the op's parameters", fn=_impl, supports_args=lambda x, weight, epsilon: True)
+    _refused(
+        "supports_args must take the op's parameters",
+        fn=_impl,
+        supports_args=lambda x, weight, epsilon, variance_size=3: True,
+    )
+
+
+def test_refuses_inplace_for_op_without_allow_inplace():
+    _refused("inplace=True needs an op declared with allow_inplace=True", fn=_impl, inplace=True)
+
+
+@pytest.mark.parametrize("reserved", ["native", "unfused"])
+def test_refuses_reserved_provider_names(reserved):
+    _refused("reserved provider names", provider=reserved, fn=_impl)
+
+
+def test_refuses_second_implementation_of_same_provider():
+    rms_norm_impl("twice")
+    err = _refused("already has an implementation", provider="twice", fn=_impl)
+    assert "one implementation per provider per op" in str(err)
+
+
+def test_refuses_non_bool_supported():
+    _refused("supported must be a bool or vllm_ir.Unsupported", fn=_impl, supported="yes")
+
+
+def test_inplace_registration_allowed_on_allow_inplace_op():
+    vllm_ir.ops.fused_add_rms_norm.register_impl("mine", inplace=True)(inplace_fused_add_rms_norm)
+    assert vllm_ir.ops.fused_add_rms_norm.impls["mine"].inplace
+
+
+def test_native_cannot_be_removed_and_removal_invalidates():
+    rms_norm_impl("gone")
+    vllm_ir.set_priority(rms_norm=["gone"])
+    x, w, eps = torch.ones(2, 4), None, 1e-6
+    assert rms_norm.dispatch(x, w, eps).provider == "gone"
+    rms_norm(x, w, eps)
+    vllm_ir.clear_priority()
+    rms_norm.remove_impl("gone")
+    assert rms_norm.dispatch(x, w, eps).provider == "native"
+    with pytest.raises(RegistrationError, match="native implementation cannot be removed"):
+        rms_norm.remove_impl("native")
