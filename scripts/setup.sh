@@ -18,3 +18,10 @@ pip install "torch==${TORCH_VERSION}"
 # that C++ extensions compile against the pinned torch instead of a freshly downloaded one.
 pip install "setuptools>=77" wheel
 pip install --no-build-isolation -e ".[dev]"
+# Every in-repo provider and example platform, editable. A provider whose build fails must not
+# stop the set-up: it then reports the reason in `vllm-ir providers list`.
+for dir in providers/*/ examples/*/; do
+  if [ -f "$dir/pyproject.toml" ]; then
+    pip install --no-build-isolation -e "$dir" || echo "warning: could not install $dir" >&2
+  fi
+done
