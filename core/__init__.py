@@ -5,6 +5,7 @@ y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
 print(vllm_ir.ops.rms_norm.explain(x, weight, 1e-6))
 """
 
+from vllm_ir import plugins as _plugins
 from vllm_ir.errors import (
     DonationError,
     FallbackError,
@@ -15,6 +16,7 @@ from vllm_ir.errors import (
     UnknownOpError,
     VllmIrError,
 )
+from vllm_ir.hookspecs import hookimpl
 from vllm_ir.ir import declarations as _declarations  # noqa: F401  (registers the core ops)
 from vllm_ir.ir.dispatch import Decision, Explanation, Verdict, dispatch_stats, reset_dispatch_stats
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
@@ -28,10 +30,31 @@ from vllm_ir.ir.priority import (
     set_priority,
 )
 from vllm_ir.ir.registry import ops
+from vllm_ir.platforms import Platform
+from vllm_ir.plugins import (
+    PluginError,
+    ProviderRecord,
+    ProviderStatus,
+    current_platform,
+    load_provider,
+    load_providers,
+    provider_records,
+)
+
+_plugins.install()
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Platform",
+    "PluginError",
+    "ProviderRecord",
+    "ProviderStatus",
+    "current_platform",
+    "hookimpl",
+    "load_provider",
+    "load_providers",
+    "provider_records",
     "Decision",
     "DonationError",
     "Explanation",

@@ -47,7 +47,10 @@ CPU_DEFAULTS: dict[str, Mapping[str, Sequence[str]]] = {"eager": {}, "compile": 
 CUDA = Platform(
     "cuda",
     "cuda",
-    {"eager": {"rms_norm": ["vllm_c", "native"], "fused_add_rms_norm": ["vllm_c", "native"]}, "compile": _CUDA_LIKE_COMPILE},
+    {
+        "eager": {"rms_norm": ["vllm_c", "native"], "fused_add_rms_norm": ["vllm_c", "native"]},
+        "compile": _CUDA_LIKE_COMPILE,
+    },
 )
 ROCM = Platform(
     "rocm",
@@ -60,7 +63,10 @@ ROCM = Platform(
 XPU = Platform(
     "xpu",
     "xpu",
-    {"eager": {"rms_norm": ["xpu_kernels", "native"], "fused_add_rms_norm": ["xpu_kernels", "native"]}, "compile": _CUDA_LIKE_COMPILE},
+    {
+        "eager": {"rms_norm": ["xpu_kernels", "native"], "fused_add_rms_norm": ["xpu_kernels", "native"]},
+        "compile": _CUDA_LIKE_COMPILE,
+    },
 )
 CPU = Platform("cpu", "cpu", CPU_DEFAULTS)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import itertools
 import os
 
+# Core tests are hermetic: installed providers load only where a test asks for them.
+os.environ["VLLM_IR_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+
 import pytest
 
 import vllm_ir
