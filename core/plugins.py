@@ -103,7 +103,7 @@ def load_providers() -> list[ProviderRecord]:
                 if record.status is ProviderStatus.NOT_LOADED:
                     record.reason = f"{ENV_NO_AUTOLOAD}=1; load it with vllm_ir.load_provider({record.name!r})"
         else:
-            for name in list(_state.records):
+            for name in sorted(_state.records):  # a fixed order: duplicate names resolve the same way
                 if _state.records[name].status is ProviderStatus.NOT_LOADED:
                     _load(name)
     finally:
@@ -137,7 +137,7 @@ def current_platform() -> Any:
     if _state.platform is None:
         claims = [(name, p) for name, p in _call_hook("vllm_ir_platform") if p is not None]
         if len(claims) > 1:
-            names = " and ".join(f"{n!r}" for n, _ in claims)
+            names = " and ".join(sorted(f"{n!r}" for n, _ in claims))
             for name, _ in claims:
                 _fail(name, ProviderStatus.FAILED, f"both {names} claim the platform; neither is used")
             _state.platform = platforms.detect()

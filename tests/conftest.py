@@ -11,6 +11,7 @@ os.environ["VLLM_IR_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 import pytest
 
 import vllm_ir
+from vllm_ir import plugins
 from vllm_ir.ir import registry
 
 _ENV = ("VLLM_IR_OP_PRIORITY", "VLLM_IR_FALLBACK", "VLLM_BATCH_INVARIANT")
@@ -32,6 +33,9 @@ def clean_state(monkeypatch):
     vllm_ir.reload_env()
     vllm_ir.reset_dispatch_stats()
     yield
+    # Undo plugin loading first, with autoload off, so restoring state cannot rediscover anything.
+    os.environ["VLLM_IR_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    plugins.reset_for_tests()
     for name in list(registry._ops):
         if name not in ops_before:
             del registry._ops[name]

@@ -1,0 +1,107 @@
+"""The vllm-ir CLI in a real subprocess, with a broken provider installed beside the good ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.plugin_dists import GOOD_IMPL, make_dist
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("site")
+    make_dist(root, "tp-cli-good", GOOD_IMPL.format(provider="tp_cli_good"))
+    make_dist(root, "tp-cli-broken", "import tp_missing_vendor_library\n")
+    return root
+
+
+def run(site: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(site), full_env.get("PYTHONPATH", "")])
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_ir", *args], capture_output=True, text=True, env=full_env, timeout=120
+    )
+
+
+def test_help_works_with_a_broken_provider_installed(site):
+    script = shutil.which("vllm-ir", path=str(Path(sys.executable).parent))
+    assert script is not None, "console script vllm-ir is not installed"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
+    env["PYTHONPATH"] = str(site)
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0
+    assert "providers" in result.stdout and "explain" in result.stdout
+
+
+def test_providers_list_json_reports_status_and_reason(site):
+    result = run(site, "providers", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    records = {r["name"]: r for r in json.loads(result.stdout)["providers"]}
+    assert records["tp_cli_good"]["status"] == "loaded"
+    assert records["tp_cli_good"]["implementations"] == {"tp_cli_good": ["rms_norm"]}
+    assert records["tp_cli_good"]["distribution"] == "tp-cli-good"
+    broken = records["tp_cli_broken"]
+    assert broken["status"] == "failed"
+    assert "ModuleNotFoundError" in broken["reason"] and "tp_missing_vendor_library" in broken["reason"]
+    assert set(broken) == {"name", "distribution", "version", "entry_point", "status", "reason", "implementations"}
+
+
+def test_providers_list_text_table_and_blocked(site):
+    result = run(site, "providers", "list", env={"VLLM_IR_DISABLE_PROVIDERS": "tp_cli_broken"})
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[2:]}
+    assert "blocked" in lines["tp_cli_broken"] and "VLLM_IR_DISABLE_PROVIDERS" in lines["tp_cli_broken"]
+    assert "loaded" in lines["tp_cli_good"]
+
+
+def test_explain_ops_and_doctor_json(site):
+    result = run(
+        site,
+        "explain",
+        "rms_norm",
+        "--shape",
+        "16x64",
+        "--dtype",
+        "bfloat16",
+        "--json",
+        env={"VLLM_IR_OP_PRIORITY": "rms_norm=tp_cli_good"},
+    )
+    assert result.returncode == 0, result.stderr
+    exp = json.loads(result.stdout)
+    assert exp["chosen"] == "tp_cli_good" and exp["shape"] == [16, 64] and exp["dtype"] == "bfloat16"
+    assert exp["verdicts"][0] == {
+        "provider": "tp_cli_good",
+        "status": "chosen",
+        "reason": None,
+        "layer": "env",
+        "source": "VLLM_IR_OP_PRIORITY",
+    }
+
+    ops = json.loads(run(site, "ops", "--json").stdout)["ops"]
+    rms = next(o for o in ops if o["name"] == "rms_norm")
+    assert rms["signature"].startswith("rms_norm(Tensor x, Tensor? weight, float epsilon")
+    assert {i["provider"] for i in rms["implementations"]} >= {"native", "tp_cli_good"}
+    assert rms["priority"]["compile"][-1] == {"provider": "native", "layer": "default", "source": "always last"}
+
+    doctor = json.loads(run(site, "doctor", "--json").stdout)
+    assert doctor["torch"]["build"] == "cpu" and doctor["platform"]["name"] == "cpu"
+    problem = next(p for p in doctor["problems"] if p["provider"] == "tp_cli_broken")
+    assert problem["status"] == "failed" and "VLLM_IR_STRICT_PLUGINS=1" in problem["fix"]
+
+
+def test_errors_go_to_stderr_with_nonzero_exit(site):
+    unknown = run(site, "explain", "no_such_op")
+    assert unknown.returncode == 1
+    assert "unknown op 'no_such_op'; known ops:" in unknown.stderr and unknown.stdout == ""
+    bad_shape = run(site, "explain", "rms_norm", "--shape", "16xabc")
+    assert bad_shape.returncode == 2 and "invalid shape '16xabc'" in bad_shape.stderr
+    bad_env = run(site, "ops", env={"VLLM_IR_OP_PRIORITY": "rms_norm=;x"})
+    assert bad_env.returncode == 1 and "VLLM_IR_OP_PRIORITY" in bad_env.stderr
