@@ -65,6 +65,8 @@ class IrOp:
         self._fixed: dict[object, _dispatch.Decision] = {}
         self._tolerances: dict[torch.dtype, tuple[float, float]] = {}
         self._input_generator: InputGenerator | None = None
+        #: Named option sets for the input generator that conformance tests cover (e.g. no weight).
+        self.input_variants: dict[str, dict[str, Any]] = {}
         self.__doc__ = fn.__doc__
 
     # -- implementations ---------------------------------------------------------------
@@ -197,6 +199,10 @@ class IrOp:
         """Register ``fn(shape, dtype, device, **options) -> args`` that makes realistic inputs."""
         self._input_generator = fn
         return fn
+
+    def add_input_variant(self, name: str, **options: Any) -> None:
+        """Name a family of inputs (``options`` for the input generator) every provider is tested on."""
+        self.input_variants[name] = options
 
     def generate_inputs(
         self, shape: Sequence[int], dtype: torch.dtype, device: str | torch.device = "cpu", **options: Any

@@ -79,7 +79,8 @@ def _rms_norm_inputs(
 ) -> tuple:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
-    return x, _weight(shape[-1], dtype, device, g, weight_dtype, with_weight), epsilon, variance_size
+    weight = _weight(shape[-1], dtype, device, g, weight_dtype, with_weight)
+    return x, weight, epsilon, _clamp(variance_size, shape[-1])
 
 
 @fused_add_rms_norm.input_generator
@@ -97,4 +98,18 @@ def _fused_add_rms_norm_inputs(
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
     residual = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
-    return x, residual, _weight(shape[-1], dtype, device, g, weight_dtype, with_weight), epsilon, variance_size
+    weight = _weight(shape[-1], dtype, device, g, weight_dtype, with_weight)
+    return x, residual, weight, epsilon, _clamp(variance_size, shape[-1])
+
+
+def _clamp(variance_size: int | None, hidden: int) -> int | None:
+    return None if variance_size is None else max(1, min(variance_size, hidden))
+
+
+for _op in (rms_norm, fused_add_rms_norm):
+    # Two roundings (before and after the weight multiply) that a kernel may fuse into one:
+    # allow ~4 ulp of fp16, as the default bf16 tolerance allows ~4 ulp of bf16.
+    _op.set_tolerance(torch.float16, atol=1e-3, rtol=4e-3)
+    _op.add_input_variant("no_weight", with_weight=False)
+    _op.add_input_variant("fp32_weight", weight_dtype=torch.float32)
+    _op.add_input_variant("variance_size", variance_size=5)

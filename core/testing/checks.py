@@ -1,0 +1,226 @@
+"""The conformance checks: each takes an op, one implementation and a generated case.
+
+Every check either passes, raises ``AssertionError`` with a message naming the op, the
+provider, the case and what was wrong, or reports a reasoned refusal (``declined``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import vllm_ir
+from vllm_ir.ir import dispatch
+from vllm_ir.ir.impl import IrOpImpl, Unsupported, reason_of
+from vllm_ir.ir.op import IrOp
+from vllm_ir.testing.cases import Case
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Result of one numerics case, collected for the kit's summary table."""
+
+    op: str
+    provider: str
+    case: str
+    status: str  # "ok" or "declined"
+    reason: str | None = None
+    max_abs_error: float = 0.0
+    #: worst |error| / (atol + rtol * |expected|); above 1.0 fails.
+    worst_ratio: float = 0.0
+
+
+OUTCOMES: list[Outcome] = []
+
+
+def _who(op: IrOp, impl: IrOpImpl, case: Case) -> str:
+    return f"op {op.name!r}, provider {impl.provider!r}, case {case.id}"
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _verdict(impl: IrOpImpl, args: tuple) -> bool | Unsupported:
+    try:
+        return dispatch.ask(impl, args)
+    except vllm_ir.PredicateError as exc:
+        raise AssertionError(str(exc)) from exc
+    except Exception as exc:  # e.g. a data-dependent guard on symbolic sizes
+        raise AssertionError(
+            f"op {impl.op_name!r}, provider {impl.provider!r}: supports_args raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _run_selected(op: IrOp, impl: IrOpImpl, args: tuple, overload: str = "default") -> Any:
+    with vllm_ir.priority(**{op.name: [impl.provider]}):
+        chosen = op.dispatch(*args).provider
+        assert chosen == impl.provider, (
+            f"op {op.name!r}: {impl.provider!r} accepts the call but dispatch chose {chosen!r}"
+        )
+        return op(*args) if overload == "default" else op.maybe_inplace(*args)
+
+
+def compare(op: IrOp, impl: IrOpImpl, case: Case, actual: Any, expected: Any) -> tuple[float, float]:
+    """Assert ``actual`` matches native within the op's tolerance; returns (max abs error, worst ratio)."""
+    got, want = _tensors(actual), _tensors(expected)
+    assert len(got) == len(want), f"{_who(op, impl, case)}: {len(got)} outputs, native returns {len(want)}"
+    worst_abs, worst_ratio = 0.0, 0.0
+    for i, (a, e) in enumerate(zip(got, want, strict=True)):
+        where = f"{_who(op, impl, case)}, output {i}"
+        assert a.shape == e.shape, f"{where}: shape {tuple(a.shape)}, native {tuple(e.shape)}"
+        assert a.dtype == e.dtype, f"{where}: dtype {a.dtype}, native {e.dtype}"
+        if e.numel() == 0:
+            continue
+        atol, rtol = op.tolerance(case.dtype)
+        a64, e64 = a.detach().to("cpu", torch.float64), e.detach().to("cpu", torch.float64)
+        nan_mismatch = (a64.isnan() != e64.isnan()).any().item()
+        assert not nan_mismatch, f"{where}: NaN where native has none (or the reverse)"
+        finite = ~e64.isnan()
+        err = (a64 - e64).abs()[finite]
+        allowed = (atol + rtol * e64.abs())[finite]
+        if err.numel():
+            worst_abs = max(worst_abs, err.max().item())
+            ratio = (err / allowed).max().item()
+            worst_ratio = max(worst_ratio, ratio if math.isfinite(ratio) else math.inf)
+    assert worst_ratio <= 1.0, (
+        f"{_who(op, impl, case)}: max abs error {worst_abs:.3g} is {worst_ratio:.2f}x the tolerance "
+        f"(atol, rtol = {op.tolerance(case.dtype)})"
+    )
+    return worst_abs, worst_ratio
+
+
+def check_numerics(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") -> Outcome:
+    """Against native with the op's per-dtype tolerance, or a reasoned refusal."""
+    args = case.make_args(op, device)
+    verdict = _verdict(impl, args)
+    if not verdict:
+        outcome = Outcome(op.name, impl.provider, case.id, "declined", reason_of(verdict, "declined (no reason given)"))
+    else:
+        expected = op.fn(*args)
+        actual = _run_selected(op, impl, args)
+        abs_err, ratio = compare(op, impl, case, actual, expected)
+        outcome = Outcome(op.name, impl.provider, case.id, "ok", None, abs_err, ratio)
+    OUTCOMES.append(outcome)
+    return outcome
+
+
+def check_predicate_hygiene(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+    """Plain bool or reasoned refusal on real, fake and symbolic inputs; independent of batch size."""
+    if impl.supports_args is None:
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    args = case.make_args(op)
+    real = _verdict(impl, args)
+    for label, mode in (("fake", FakeTensorMode()), ("symbolic", FakeTensorMode(shape_env=ShapeEnv()))):
+        fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        with mode:
+            verdict = _verdict(impl, fake_args)
+        assert _same(verdict, real), (
+            f"{_who(op, impl, case)}: supports_args says {verdict!r} on {label} tensors but {real!r} on real ones"
+        )
+    for tokens in (1, 7, 64):
+        other = Case((tokens, *case.shape[1:]), case.dtype, case.variant, case.options, case.row_padding, case.seed)
+        verdict = _verdict(impl, other.make_args(op))
+        assert _same(verdict, real), (
+            f"{_who(op, impl, case)}: supports_args depends on the batch size "
+            f"({case.shape[0]} tokens: {real!r}, {tokens} tokens: {verdict!r})"
+        )
+    _check_cache_agrees(op, impl, case)
+
+
+def _check_cache_agrees(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+    """Calls with a cached decision run what the predicate says for each call."""
+    vllm_ir.reset_dispatch_stats()
+    with vllm_ir.priority(**{op.name: [impl.provider]}), warnings.catch_warnings():
+        warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
+        for tokens in (1, 3, 7):
+            other = Case((tokens, *case.shape[1:]), case.dtype, case.variant, case.options, case.row_padding)
+            args = other.make_args(op)
+            declined = not _verdict(impl, args)
+            before = vllm_ir.dispatch_stats().get(op.name, {}).get(impl.provider, {})
+            op(*args)
+            after = vllm_ir.dispatch_stats().get(op.name, {}).get(impl.provider, {})
+            skipped = sum(after.values()) - sum(before.values())
+            assert skipped == int(declined), (
+                f"{_who(op, impl, case)}: with {tokens} tokens the predicate says "
+                f"{'decline' if declined else 'accept'} but the cached decision "
+                f"{'ran it' if not skipped else 'skipped it'}"
+            )
+
+
+def _same(a: bool | Unsupported, b: bool | Unsupported) -> bool:
+    return bool(a) == bool(b) and reason_of(a, "") == reason_of(b, "")
+
+
+def check_overloads(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+    """Default leaves inputs untouched and returns fresh tensors; maybe_inplace matches and aliases."""
+    args = case.make_args(op)
+    if not _verdict(impl, args):
+        return
+    originals = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    out = _run_selected(op, impl, args)
+    for name, before, after in zip(op.signature.parameters, originals, args, strict=True):
+        if isinstance(after, torch.Tensor):
+            assert torch.equal(before, after), f"{_who(op, impl, case)}: the default overload modified {name!r}"
+    inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor) and a.numel()}
+    for i, t in enumerate(_tensors(out)):
+        assert not t.numel() or t.untyped_storage().data_ptr() not in inputs, (
+            f"{_who(op, impl, case)}: output {i} of the default overload aliases an input"
+        )
+    if not op.allow_inplace:
+        return
+    donated = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    out_inplace = _run_selected(op, impl, donated, "maybe_inplace")
+    for i, (a, b) in enumerate(zip(_tensors(out), _tensors(out_inplace), strict=True)):
+        assert torch.equal(a, b), f"{_who(op, impl, case)}: output {i} differs between default and maybe_inplace"
+    if impl.inplace and all(t.numel() for t in _tensors(out_inplace)):
+        activations = {donated[i].data_ptr() for i in op.activation_indices if donated[i] is not None}
+        outputs = [t.data_ptr() for t in _tensors(out_inplace)]
+        aliased = set(outputs) & activations
+        assert len(aliased) == min(len(outputs), len(activations)), (
+            f"{_who(op, impl, case)}: an in-place implementation must return the donated buffers; "
+            f"{len(aliased)} of {len(outputs)} outputs alias an activation"
+        )
+        _check_no_new_allocations(op, impl, case)
+
+
+def _bytes_allocated(fn: Any) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return sum(e.cpu_memory_usage for e in prof.events() if e.cpu_parent is None and e.cpu_memory_usage > 0)
+
+
+def _check_no_new_allocations(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+    """maybe_inplace allocates nothing activation-sized (per-row statistics are fine)."""
+    if case.row_padding or case.shape[0] == 0:
+        return
+    fresh = [case.make_args(op) for _ in range(2)]
+    smallest = min(fresh[1][i].nbytes for i in op.activation_indices if fresh[1][i] is not None)
+    with vllm_ir.priority(**{op.name: [impl.provider]}):
+        op.maybe_inplace(*fresh[0])  # warm the decision cache
+        allocated = _bytes_allocated(lambda: op.maybe_inplace(*fresh[1]))
+    assert allocated < smallest, (
+        f"{_who(op, impl, case)}: maybe_inplace allocated {allocated} bytes; an activation is {smallest}"
+    )
+
+
+def check_opcheck(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+    """``torch.library.opcheck`` of the IR op (schema, fake, AOT dispatch) with this implementation selected."""
+    args = case.make_args(op)
+    if not _verdict(impl, args):
+        return
+    with vllm_ir.priority(**{op.name: [impl.provider]}):
+        torch.library.opcheck(op.torch_op.default, args)

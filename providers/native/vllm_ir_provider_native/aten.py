@@ -1,0 +1,67 @@
+"""Provider ``aten``: PyTorch's own fused kernels, and in-place ops where PyTorch has none.
+
+- ``rms_norm`` calls ``torch.nn.functional.rms_norm`` (one fused ATen kernel). It applies the
+  weight in fp32 and rounds once, where the op rounds before the weight multiply: results
+  differ by at most one ulp of the input dtype, inside the op's tolerance. It declines where
+  the contract differs: ``variance_size`` (not expressible) and a weight dtype other than x's
+  (native promotes the result to the weight's dtype; ATen returns x's dtype).
+- ``fused_add_rms_norm`` is in place from in-place torch ops: the only temporaries are the
+  per-row statistics ([..., 1] fp32), so ``maybe_inplace`` allocates nothing activation-sized.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+
+PROVIDER = "aten"
+
+
+def _same_weight_dtype(x: Tensor, weight: Tensor | None) -> bool | vllm_ir.Unsupported:
+    if weight is not None and weight.dtype != x.dtype:
+        return vllm_ir.Unsupported(
+            f"weight dtype {weight.dtype} != x dtype {x.dtype}: native promotes the result, ATen does not"
+        )
+    return True
+
+
+def _floating(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if not x.dtype.is_floating_point:
+        return vllm_ir.Unsupported(f"dtype {x.dtype} is not a floating-point type")
+    return True
+
+
+def _rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+    if variance_size is not None:
+        return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
+    return _floating(x) and _same_weight_dtype(x, weight)
+
+
+@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_supports)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, epsilon)
+
+
+def _fused_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+):
+    if x_residual.dtype != x.dtype:
+        return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
+    return _floating(x) and _same_weight_dtype(x, weight)
+
+
+@vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supports_args=_fused_supports, inplace=True)
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    x_residual.add_(x)  # the sum, rounded to x's dtype once: the new residual
+    x_var = x_residual if variance_size is None else x_residual[..., :variance_size]
+    # sqrt(sum of squares) in fp32 without an fp32 copy of the activations; then mean, + eps, rsqrt.
+    scale = torch.linalg.vector_norm(x_var, dim=-1, keepdim=True, dtype=torch.float32)
+    scale.square_().div_(x_var.shape[-1]).add_(epsilon).rsqrt_()
+    torch.mul(x_residual, scale, out=x)
+    if weight is not None:
+        x.mul_(weight)
+    return x, x_residual

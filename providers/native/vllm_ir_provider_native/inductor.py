@@ -1,0 +1,92 @@
+"""Provider ``inductor``: each op's native function, compiled once by Inductor for eager callers.
+
+In eager mode the native decomposition of RMSNorm runs as ~8 separate kernels; Inductor
+fuses it into one. Compiled with ``dynamic=True`` so new batch sizes do not recompile.
+Under an outer ``torch.compile`` (or any tracing) the implementation *is* the plain native
+function: the outer Inductor fuses it anyway, and compiling inside a compile is not allowed.
+
+The fused add + RMSNorm stays functional: Inductor 2.13's CPU backend fails to compile the
+in-place form (input mutation after a reduction raises ``InductorError: KeyError: 'buf1'``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+
+PROVIDER = "inductor"
+
+
+def _availability() -> bool | vllm_ir.Unsupported:
+    if torch.cuda.is_available():
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return vllm_ir.Unsupported("Inductor needs Triton for GPU code and triton is not installed")
+        return True
+    compiler = os.environ.get("CXX", "g++")
+    if shutil.which(compiler) is None and shutil.which("c++") is None:
+        return vllm_ir.Unsupported(f"Inductor's CPU backend needs a C++ compiler ({compiler} not found)")
+    return True
+
+
+SUPPORTED = _availability()
+
+
+@functools.cache
+def compiled(op_name: str, signature: tuple) -> Callable[..., Any]:
+    """The op's native function compiled for one call signature (shapes stay dynamic).
+
+    Dynamo counts recompilations per code object, and every dtype, weight presence, rank,
+    size-0/1 dimension or strided layout is a recompilation: a fresh code object per such
+    signature keeps each one within Dynamo's limit instead of failing after eight variants.
+    """
+    fn = vllm_ir.ops.__getattr__(op_name).fn
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{len(_signatures)}")
+    _signatures.append(signature)
+    clone = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return torch.compile(clone, dynamic=True, fullgraph=True)
+
+
+_signatures: list[tuple] = []
+
+
+def _signature(args: tuple) -> tuple:
+    """What Dynamo specializes on even with ``dynamic=True``: dtypes, ranks, sizes 0 and 1, layout."""
+    return tuple(
+        (a.dtype, a.device.type, tuple(min(s, 2) for s in a.shape), a.is_contiguous())
+        if isinstance(a, torch.Tensor)
+        else (a is None, type(a))
+        for a in args
+    )
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
+def _run(op_name: str, *args: Any) -> Any:
+    if _tracing():
+        return vllm_ir.ops.__getattr__(op_name).fn(*args)
+    return compiled(op_name, _signature(args))(*args)
+
+
+@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    return _run("rms_norm", x, weight, epsilon, variance_size)
+
+
+@vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=SUPPORTED)
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    return _run("fused_add_rms_norm", x, x_residual, weight, epsilon, variance_size)
