@@ -74,6 +74,7 @@ class ProviderRecord:
 @dataclass
 class _State:
     scanned: bool = False
+    autoloaded: bool = False
     loading: bool = False
     entry_points: dict[str, metadata.EntryPoint] = field(default_factory=dict)
     records: dict[str, ProviderRecord] = field(default_factory=dict)
@@ -93,9 +94,10 @@ _state = _State()
 
 def load_providers() -> list[ProviderRecord]:
     """Discover and load every provider once per process (honouring the plugin env vars)."""
-    if _state.scanned or _state.loading:
+    if _state.autoloaded or _state.loading:
         return list(_state.records.values())
     _state.loading = True
+    _state.autoloaded = True
     try:
         _scan()
         if _env_flag(ENV_NO_AUTOLOAD):

@@ -249,3 +249,10 @@ def test_user_priority_still_overrides_plugin_defaults(site):
     vllm_ir.load_providers()
     vllm_ir.set_priority(rms_norm=["native"])
     assert vllm_ir.ops.rms_norm.dispatch(*_x()).provider == "native"
+
+
+def test_explicit_load_first_does_not_prevent_autoload(site):
+    make_dist(site, "tp-one", GOOD_IMPL.format(provider="tp_one"))
+    make_dist(site, "tp-two", GOOD_IMPL.format(provider="tp_two"))
+    vllm_ir.load_provider("tp_one")
+    assert _record("tp_two").status is ProviderStatus.LOADED

@@ -2,7 +2,9 @@
 
 The hot path is generated per op as a plain function with the op's own parameters, so a
 call costs a tracing check, a tuple of per-tensor facts (dtype, device, number of
-dimensions, contiguity) plus the scalar arguments, one dict lookup and the kernel call.
+dimensions, layout class: contiguous / unit inner stride / other) plus the scalar
+arguments, one dict lookup and the kernel call. A predicate that looks at anything else
+registers with ``cacheable=False``.
 Predicates run only on a cache miss. While tracing or compiling, the same function calls the
 ``torch.ops.vllm_ir`` op instead, so graphs hold exactly one IR node per call.
 """
@@ -320,7 +322,9 @@ def check_arguments(op: IrOp, args: tuple) -> None:
 
 def _key_expr(op: IrOp, name: str) -> str:
     optional = op.tensor_params.get(name)
-    facts = f"{name}.dtype, {name}.device, {name}.dim(), {name}.is_contiguous()"
+    # Layout class: True (contiguous), 2 (rows with a unit inner stride), False (anything else).
+    layout = f"(True if {name}.is_contiguous() else {name}.stride(-1) == 1 and 2)"
+    facts = f"{name}.dtype, {name}.device, {name}.dim(), {layout}"
     if optional is None:
         return f"_freeze({name})" if name in op.list_params else name
     if optional:
@@ -332,6 +336,9 @@ def _freeze(value: Any) -> Any:
     """A hashable stand-in for a list argument (tensors by their dispatch facts)."""
     if isinstance(value, (list, tuple)):
         return tuple(
-            (v.dtype, v.device, v.dim(), v.is_contiguous()) if isinstance(v, torch.Tensor) else v for v in value
+            (v.dtype, v.device, v.dim(), True if v.is_contiguous() else v.stride(-1) == 1 and 2)
+            if isinstance(v, torch.Tensor)
+            else v
+            for v in value
         )
     return value

@@ -89,7 +89,7 @@ class IrOp:
         :param inplace: the implementation overwrites the activations and returns them.
         :param batch_invariant: results do not depend on the batch composition.
         :param cacheable: False when the predicate looks beyond dtype, device, number of
-            dimensions, contiguity and scalar arguments (its answer is then not cached).
+            dimensions, layout class (contiguous, unit inner stride, other) and scalar arguments.
 
         Example::
 

@@ -1,0 +1,36 @@
+"""Provider ``triton``: registers the Triton implementations when Triton can run them here.
+
+Triton (and its kernels) are imported only when a GPU back-end is active or
+``TRITON_INTERPRET=1`` asks for the CPU interpreter; otherwise the implementations are
+registered as unsupported with the reason, so ``vllm-ir providers list`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+import vllm_ir
+
+__version__ = "0.1.0"
+
+
+def availability() -> bool | vllm_ir.Unsupported:
+    """Whether Triton kernels can run in this process, and if not, why."""
+    if importlib.util.find_spec("triton") is None:
+        return vllm_ir.Unsupported("triton is not installed")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    if torch.cuda.is_available():  # CUDA or ROCm builds of torch
+        return True
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return True
+    return vllm_ir.Unsupported("no GPU back-end for Triton here (TRITON_INTERPRET=1 runs the kernels on CPU)")
+
+
+SUPPORTED = availability()
+
+from vllm_ir_provider_triton import layernorm  # noqa: E402,F401  (registers the implementations)

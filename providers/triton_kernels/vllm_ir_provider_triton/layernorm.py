@@ -1,0 +1,89 @@
+"""RMSNorm and fused add + RMSNorm in Triton.
+
+One program per row; the whole row is loaded once (BLOCK = next power of two >= hidden),
+reduced in fp32, and written once: x read + out written (+ residual read and written).
+Arithmetic is fp32 throughout and values are cast at load/store, which also keeps the
+Triton CPU interpreter exact (its bf16 arithmetic yields NaN). Rounding follows the op:
+the normalized value is rounded to x's dtype before the weight multiply.
+
+The kernels are exposed as ``torch.library.triton_op``s in the ``vllm_ir_triton`` namespace
+so the vllm-ir lowering pass traces them into compiled graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir_provider_triton import SUPPORTED
+
+PROVIDER = "triton"
+#: Rows longer than this would not fit one program's registers on GPUs: declined.
+MAX_HIDDEN = 65536
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _common_checks(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
+    if variance_size is not None:
+        return vllm_ir.Unsupported("variance_size is not supported")
+    if x.dtype not in _DTYPES:
+        return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
+    if weight is not None and weight.dtype != x.dtype:
+        return vllm_ir.Unsupported(f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    if weight is not None and not weight.is_contiguous():
+        return vllm_ir.Unsupported("weight is not contiguous")
+    if not x.is_contiguous() and not (x.dim() == 2 and x.stride(-1) == 1):
+        return vllm_ir.Unsupported("input must be contiguous, or 2-D rows with a unit inner stride")
+    if x.device.type == "cpu" and not _interpreting():
+        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
+    return True
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+    return _common_checks(x, weight, variance_size)
+
+
+def fused_add_rms_norm_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+):
+    if x_residual.dtype != x.dtype:
+        return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
+    if not x_residual.is_contiguous() and not (x_residual.dim() == 2 and x_residual.stride(-1) == 1):
+        return vllm_ir.Unsupported("residual must be contiguous, or 2-D rows with a unit inner stride")
+    return _common_checks(x, weight, variance_size)
+
+
+if SUPPORTED:
+    from vllm_ir_provider_triton.kernels import fused_add_rms_norm_, rms_norm_out
+
+    @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=rms_norm_supports)
+    def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        rms_norm_out(out, x, weight, epsilon)
+        return out
+
+    @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supports_args=fused_add_rms_norm_supports, inplace=True)
+    def fused_add_rms_norm(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        fused_add_rms_norm_(x, x_residual, weight, epsilon)
+        return x, x_residual
+
+else:
+
+    @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED)
+    def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        raise AssertionError("unsupported implementations are never dispatched")
+
+    @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=SUPPORTED, inplace=True)
+    def fused_add_rms_norm(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        raise AssertionError("unsupported implementations are never dispatched")
