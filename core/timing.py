@@ -83,3 +83,38 @@ def machine_summary() -> str:
         f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cpus, "
         f"torch {torch.__version__} ({build}), {torch.get_num_threads()} threads, python {platform.python_version()}"
     )
+
+
+def time_cuda(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, use_graph: bool = True) -> Timing:
+    """Median GPU time of ``fn()`` with CUDA events, replayed from a CUDA graph when capturable."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    run = fn
+    if use_graph:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            run = graph.replay
+        except Exception:  # not capturable (host sync, allocation pattern): time plain launches
+            run = fn
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    return _summarize(samples)
+
+
+def time_kernel(fn: Callable[[], object], device: torch.device | str, **kwargs: int) -> Timing:
+    """`time_cuda` on GPUs, `time_call` on CPU: the one entry point benchmarks use."""
+    if torch.device(device).type == "cuda":
+        return time_cuda(fn, **kwargs)
+    return time_call(fn, **kwargs)
