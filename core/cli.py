@@ -281,7 +281,35 @@ def build_parser() -> argparse.ArgumentParser:
     verb("doctor", "environment, platform, Triton and provider problems with suggested fixes").set_defaults(
         func=cmd_doctor
     )
+    bench = sub.add_parser("bench", help="validate and time every available implementation; say which wins")
+    bench.add_argument("ops", nargs="*", help="ops to measure (default: all)")
+    bench.add_argument("--providers", type=_comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
+    bench.add_argument("--dtype", default=None, help="activation dtypes, e.g. bfloat16 (default: float32,bfloat16)")
+    bench.add_argument("--tokens", type=_int_list, default=None, help="e.g. 1,16,256,4096")
+    bench.add_argument("--hidden", type=int, default=4096)
+    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--json", dest="json_file", metavar="FILE", default=None, help="write all figures to FILE")
+    bench.add_argument("--plot", metavar="FILE.png", default=None, help="bandwidth vs tokens (needs matplotlib)")
+    bench.add_argument("--quick", action="store_true", help="fewer shapes and repeats (under a minute on CPU)")
+    bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _comma_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from vllm_ir import bench
+
+    return bench.main(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

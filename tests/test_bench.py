@@ -1,0 +1,60 @@
+"""``vllm-ir bench`` end to end in a subprocess: validates before timing, reports, exits nonzero on a wrong kernel."""
+
+from __future__ import annotations
+
+import json
+
+from tests.plugin_dists import make_dist
+from tests.test_cli import run
+
+OFF_BY_A_LOT = """
+import vllm_ir
+from torch import Tensor
+
+@vllm_ir.ops.rms_norm.register_impl("tp_wrong")
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    return vllm_ir.ops.rms_norm.fn(x, weight, epsilon, variance_size) * 1.01
+"""
+
+
+def test_bench_reports_figures_winner_and_dispatch(tmp_path):
+    out = tmp_path / "bench.json"
+    result = run(
+        tmp_path,
+        "bench", "rms_norm", "fused_add_rms_norm", "--providers", "native,aten", "--dtype", "float32",
+        "--tokens", "1,4", "--hidden", "64", "--quick", "--json", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["copy_bandwidth_gbps"] > 0
+    rows = report["results"]
+    assert {(r["op"], r["provider"], r["tokens"]) for r in rows} == {
+        (op, p, t) for op in ("rms_norm", "fused_add_rms_norm") for p in ("native", "aten") for t in (1, 4)
+    }
+    assert all(r["status"] == "ok" and r["median_us"] > 0 and r["gbps"] > 0 for r in rows)
+    assert "rms_norm [tokens, 64]" in result.stdout and "winner" in result.stdout
+    assert "[1/8] rms_norm float32 [1, 64]" in result.stderr  # progress
+
+
+def test_wrong_kernel_is_reported_not_timed_and_fails_the_run(tmp_path):
+    make_dist(tmp_path, "tp-wrong", OFF_BY_A_LOT)
+    result = run(tmp_path, "bench", "rms_norm", "--providers", "native,tp_wrong", "--dtype", "float32",
+                 "--tokens", "2", "--hidden", "32", "--quick", "--json", str(tmp_path / "r.json"))  # fmt: skip
+    assert result.returncode == 1
+    assert "failed correctness" in result.stderr
+    rows = {r["provider"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert rows["tp_wrong"]["status"] == "wrong" and rows["tp_wrong"]["median_us"] is None
+    assert "x the tolerance" in rows["tp_wrong"]["detail"]
+    assert rows["native"]["status"] == "ok"
+    assert "tp_wrong: wrong:" in result.stdout
+
+
+def test_plot_writes_a_png_or_says_why(tmp_path):
+    png = tmp_path / "bw.png"
+    result = run(tmp_path, "bench", "rms_norm", "--providers", "native", "--dtype", "float32",
+                 "--tokens", "1,8", "--hidden", "64", "--quick", "--plot", str(png))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    if "matplotlib is not installed" in result.stdout:
+        assert not png.exists()
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
