@@ -1,0 +1,94 @@
+"""Provider ``aiter``: AMD AITER's RMSNorm kernels behind ``vllm_ir_aiter`` custom ops (ROCm only).
+
+Loading this module never imports AITER: availability is decided from torch's build, the
+visible GPU and whether the ``aiter`` package can be found, and the vendor module is
+imported on the first real call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir_provider_aiter import ops
+
+__version__ = "0.1.0"
+PROVIDER = "aiter"
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def availability() -> bool | vllm_ir.Unsupported:
+    """Supported only on a ROCm build of torch with a GPU and AITER importable."""
+    if torch.version.hip is None:
+        build = f"a CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU"
+        return vllm_ir.Unsupported(f"torch is {build} build, AITER needs ROCm")
+    if not torch.cuda.is_available():
+        return vllm_ir.Unsupported("no ROCm GPU is visible")
+    if importlib.util.find_spec("aiter") is None:
+        return vllm_ir.Unsupported("aiter not installed")
+    return True
+
+
+def _flattens_without_copy(x: Tensor) -> bool:
+    """AITER takes [rows, hidden] with a row stride: contiguous tensors, or 2-D unit-inner-stride rows."""
+    return x.is_contiguous() or (x.dim() == 2 and x.stride(-1) == 1)
+
+
+def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
+    """The argument rules, independent of the device (unit-tested on CPU tensors)."""
+    if variance_size is not None:
+        return vllm_ir.Unsupported("variance_size is not supported by AITER")
+    if x.dtype not in DTYPES:
+        return vllm_ir.Unsupported(f"AITER RMSNorm takes float16/bfloat16, not {x.dtype}")
+    if weight is not None and weight.dtype != x.dtype:
+        return vllm_ir.Unsupported(f"weight dtype {weight.dtype} must match x dtype {x.dtype}")
+    if not _flattens_without_copy(x):
+        return vllm_ir.Unsupported("input cannot be flattened to 2-D without a copy (e.g. a per-head view)")
+    return True
+
+
+def _on_gpu(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.device.type != "cuda":
+        return vllm_ir.Unsupported(f"tensors are on {x.device.type}; AITER runs on ROCm GPUs")
+    return True
+
+
+def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+    return _on_gpu(x) and rules(x, weight, variance_size)
+
+
+def fused_add_rms_norm_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+):
+    if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
+        return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
+    return _on_gpu(x) and rules(x, weight, variance_size)
+
+
+SUPPORTED = availability()
+
+
+@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=rms_norm_supports)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    return torch.ops.vllm_ir_aiter.rms_norm(x, weight, epsilon)
+
+
+@vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=fused_add_rms_norm_supports)
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    return torch.ops.vllm_ir_aiter.fused_add_rms_norm(x, x_residual, weight, epsilon)
+
+
+@vllm_ir.hookimpl
+def vllm_ir_default_priority(platform, mode):
+    """The ROCm seed defaults (aiter, vllm_c, native) in eager mode."""
+    if platform.name == "rocm" and mode == "eager":
+        return {"rms_norm": ["aiter", "vllm_c", "native"], "fused_add_rms_norm": ["aiter", "vllm_c", "native"]}
+    return None
+
+
+__all__ = ["ops"]

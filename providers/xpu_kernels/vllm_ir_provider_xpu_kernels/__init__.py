@@ -1,0 +1,103 @@
+"""Provider ``xpu_kernels``: Intel's vllm-xpu-kernels RMSNorm (SYCL) on XPU devices.
+
+``import vllm_xpu_kernels._C`` registers ``torch.ops._C.rms_norm(out, input, weight, eps)``
+and ``torch.ops._C.fused_add_rms_norm(input, residual, weight, eps)`` (in place); they are
+already opaque custom ops, so the lowering pass keeps each call as one node. The vendor
+module is imported on first use only, never during provider discovery.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+
+__version__ = "0.1.0"
+PROVIDER = "xpu_kernels"
+
+
+def availability() -> bool | vllm_ir.Unsupported:
+    xpu = getattr(torch, "xpu", None)
+    if xpu is None or not xpu.is_available():
+        return vllm_ir.Unsupported("no XPU device (torch.xpu is not available)")
+    if importlib.util.find_spec("vllm_xpu_kernels") is None:
+        return vllm_ir.Unsupported("vllm-xpu-kernels not installed")
+    return True
+
+
+@functools.cache
+def _vendor_ops():
+    import vllm_xpu_kernels._C  # noqa: F401  (registers torch.ops._C.*)
+
+    return torch.ops._C
+
+
+@functools.cache
+def _ones(hidden: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The SYCL kernels always multiply by a weight: a cached ones vector stands for ``weight=None``."""
+    return torch.ones(hidden, dtype=dtype, device=device)
+
+
+def _weight(x: Tensor, weight: Tensor | None) -> Tensor:
+    return weight if weight is not None else _ones(x.shape[-1], x.dtype, x.device)
+
+
+def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
+    """Argument rules independent of the device (unit-tested on CPU tensors)."""
+    if variance_size is not None:
+        return vllm_ir.Unsupported("variance_size is not supported by vllm-xpu-kernels")
+    if weight is not None and weight.dtype != x.dtype:
+        return vllm_ir.Unsupported(f"weight dtype {weight.dtype} must match x dtype {x.dtype}")
+    if not x.is_contiguous():
+        return vllm_ir.Unsupported("input must be contiguous (the kernel would copy it)")
+    return True
+
+
+def _on_xpu(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.device.type != "xpu":
+        return vllm_ir.Unsupported(f"tensors are on {x.device.type}; vllm-xpu-kernels runs on XPU")
+    return True
+
+
+def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+    return _on_xpu(x) and rules(x, weight, variance_size)
+
+
+def fused_add_rms_norm_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+):
+    if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
+        return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
+    return _on_xpu(x) and rules(x, weight, variance_size)
+
+
+SUPPORTED = availability()
+
+
+@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=rms_norm_supports)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    out = torch.empty_like(x)
+    _vendor_ops().rms_norm(out, x, _weight(x, weight), epsilon)
+    return out
+
+
+@vllm_ir.ops.fused_add_rms_norm.register_impl(
+    PROVIDER, supported=SUPPORTED, supports_args=fused_add_rms_norm_supports, inplace=True
+)
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    _vendor_ops().fused_add_rms_norm(x, x_residual, _weight(x, weight), epsilon)
+    return x, x_residual
+
+
+@vllm_ir.hookimpl
+def vllm_ir_default_priority(platform, mode):
+    """The XPU seed defaults (xpu_kernels, native) in eager mode."""
+    if platform.name == "xpu" and mode == "eager":
+        return {"rms_norm": ["xpu_kernels", "native"], "fused_add_rms_norm": ["xpu_kernels", "native"]}
+    return None
