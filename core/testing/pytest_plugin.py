@@ -37,7 +37,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--vllm-ir-conformance"):
         _active.append(config)
-        if str(_SUITE) not in config.args:
+        # Without explicit paths pytest would collect the current folder: run the kit alone.
+        if config.args == [str(config.invocation_params.dir)]:
+            config.args[:] = [str(_SUITE)]
+        elif str(_SUITE) not in config.args:
             config.args.append(str(_SUITE))
 
 
