@@ -65,41 +65,33 @@ def _weight(
     return w.to(device=device, dtype=weight_dtype or dtype)
 
 
-@rms_norm.input_generator
-def _rms_norm_inputs(
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    device: torch.device,
-    *,
-    weight_dtype: torch.dtype | None = None,
-    with_weight: bool = True,
-    epsilon: float = 1e-6,
-    variance_size: int | None = None,
-    seed: int = 0,
-) -> tuple:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
-    weight = _weight(shape[-1], dtype, device, g, weight_dtype, with_weight)
-    return x, weight, epsilon, _clamp(variance_size, shape[-1])
+def _layernorm_inputs(with_residual: bool):
+    """An input generator: activations ~ N(0, 1), weight ~ 1 + N(0, 0.01), deterministic per seed."""
+
+    def generate(
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        weight_dtype: torch.dtype | None = None,
+        with_weight: bool = True,
+        epsilon: float = 1e-6,
+        variance_size: int | None = None,
+        seed: int = 0,
+    ) -> tuple:
+        g = torch.Generator().manual_seed(seed)
+        activations = [
+            torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+            for _ in range(2 if with_residual else 1)
+        ]
+        weight = _weight(shape[-1], dtype, device, g, weight_dtype, with_weight)
+        return (*activations, weight, epsilon, _clamp(variance_size, shape[-1]))
+
+    return generate
 
 
-@fused_add_rms_norm.input_generator
-def _fused_add_rms_norm_inputs(
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    device: torch.device,
-    *,
-    weight_dtype: torch.dtype | None = None,
-    with_weight: bool = True,
-    epsilon: float = 1e-6,
-    variance_size: int | None = None,
-    seed: int = 0,
-) -> tuple:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
-    residual = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
-    weight = _weight(shape[-1], dtype, device, g, weight_dtype, with_weight)
-    return x, residual, weight, epsilon, _clamp(variance_size, shape[-1])
+rms_norm.input_generator(_layernorm_inputs(with_residual=False))
+fused_add_rms_norm.input_generator(_layernorm_inputs(with_residual=True))
 
 
 def _clamp(variance_size: int | None, hidden: int) -> int | None:
