@@ -43,6 +43,19 @@ from vllm_ir.plugins import (
 
 _plugins.install()
 
+#: Loaded on first use: the compile pipeline imports Inductor, which ``import vllm_ir`` must not pay for.
+_LAZY = {"compile": "vllm_ir.passes", "inductor_options": "vllm_ir.passes", "passes": "vllm_ir.passes"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vllm_ir' has no attribute {name!r}")
+    import importlib
+
+    loaded = importlib.import_module(module)
+    return loaded if name == "passes" else getattr(loaded, name)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -52,6 +65,7 @@ __all__ = [
     "ProviderStatus",
     "current_platform",
     "hookimpl",
+    "inductor_options",
     "load_provider",
     "load_providers",
     "provider_records",
@@ -72,6 +86,7 @@ __all__ = [
     "Verdict",
     "VllmIrError",
     "clear_priority",
+    "compile",
     "dispatch_stats",
     "ops",
     "priority",

@@ -1,6 +1,6 @@
 """A tour of eager dispatch: declare nothing, register one extra kernel, steer it, explain it.
 
-    python examples/eager_dispatch.py
+python examples/eager_dispatch.py
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ def main() -> None:
 
     # Functional call: inputs untouched even though the chosen kernel works in place.
     x0 = x.clone()
-    out, new_residual = op(x, residual, weight, eps)
+    out, _ = op(x, residual, weight, eps)
     assert torch.equal(x, x0)
     reference = op.fn(x, residual, weight, eps)
     torch.testing.assert_close(out, reference[0], atol=1e-5, rtol=1e-5)
 
     # maybe_inplace: the kernel reuses the donated buffers.
-    out, new_residual = op.maybe_inplace(x, residual, weight, eps)
+    out, _ = op.maybe_inplace(x, residual, weight, eps)
     print(f"\nmaybe_inplace reused x's buffer: {out.data_ptr() == x.data_ptr()}")
 
     with vllm_ir.priority(fused_add_rms_norm=["native"]):

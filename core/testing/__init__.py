@@ -9,6 +9,7 @@ from vllm_ir.testing.cases import Case, grid, property_strategy
 from vllm_ir.testing.checks import (
     OUTCOMES,
     Outcome,
+    check_compiled,
     check_numerics,
     check_opcheck,
     check_overloads,
@@ -21,6 +22,7 @@ __all__ = [
     "OUTCOMES",
     "Case",
     "Outcome",
+    "check_compiled",
     "check_numerics",
     "check_opcheck",
     "check_overloads",

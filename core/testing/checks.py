@@ -224,3 +224,39 @@ def check_opcheck(op: IrOp, impl: IrOpImpl, case: Case) -> None:
         return
     with vllm_ir.priority(**{op.name: [impl.provider]}):
         torch.library.opcheck(op.torch_op.default, args)
+
+
+def check_compiled(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+    """Under ``vllm_ir.compile`` the lowering selects what eager dispatch selects, with the same values."""
+    import types
+
+    from vllm_ir import passes
+
+    args = case.make_args(op)
+    if not _verdict(impl, args):
+        return
+    tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def call(*tensors: torch.Tensor) -> Any:
+        full = list(args)
+        for i, t in zip(tensor_at, tensors, strict=True):
+            full[i] = t
+        return op(*full)
+
+    # A fresh code object: Dynamo caches per code object, and every check compiles anew.
+    fresh = types.FunctionType(
+        call.__code__.replace(co_name=f"conformance_{op.name}_{impl.provider}_{len(OUTCOMES)}"),
+        call.__globals__,
+        closure=call.__closure__,
+    )
+    with vllm_ir.priority(**{op.name: [impl.provider]}):
+        eager_choice = op.dispatch(*args).provider
+        expected = op(*args)
+        compiled = passes.compile(fresh, dynamic=False)
+        actual = compiled(*[args[i] for i in tensor_at])
+    selected = passes.record_of(compiled).selected_impls.get(op.name, {})
+    assert selected, f"{_who(op, impl, case)}: the compiled graph lowered no {op.name} node"
+    assert set(selected.values()) == {eager_choice}, (
+        f"{_who(op, impl, case)}: eager dispatch picks {eager_choice!r}, lowering picked {selected}"
+    )
+    compare(op, impl, case, actual, expected)

@@ -52,13 +52,19 @@ def _resolve(op_name: str, provider: str) -> tuple[IrOp, IrOpImpl]:
 
 
 def conformance_tests(
-    provider: str, *, small: bool = False, examples: int = 20, dtypes: tuple[torch.dtype, ...] = DTYPES
+    provider: str,
+    *,
+    small: bool = False,
+    examples: int = 20,
+    dtypes: tuple[torch.dtype, ...] = DTYPES,
+    compiled: bool | str = True,
 ) -> dict[str, Callable[..., Any]]:
     """pytest test functions that check every implementation of ``provider`` against its op.
 
     :param small: small shapes only (for slow back-ends such as the Triton interpreter).
     :param examples: number of hypothesis examples per op.
     :param dtypes: activation dtypes to cover (each one costs a compile for compiling providers).
+    :param compiled: check eager vs ``vllm_ir.compile``; a string skips that check with the string as reason.
     """
     impls = provider_impls(provider)
     ops = [vllm_ir.ops.__getattr__(i.op_name) for i in impls]
@@ -105,7 +111,15 @@ def conformance_tests(
         op, impl = _resolve(op_name, provider)
         checks.check_opcheck(op, impl, Case((3, 64), torch.float32))
 
+    @pytest.mark.parametrize("op_name", op_params)
+    def test_eager_vs_compiled(op_name: str) -> None:
+        if compiled is not True:
+            pytest.skip(str(compiled) or "compiled check disabled")
+        op, impl = _resolve(op_name, provider)
+        checks.check_compiled(op, impl, Case((3, 64), torch.float32))
+
     names = {
+        "eager_vs_compiled": test_eager_vs_compiled,
         "numerics": test_numerics,
         "numerics_property": test_numerics_property,
         "predicate_hygiene": test_predicate_hygiene,

@@ -32,6 +32,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--vllm-ir-small", action="store_true", help="small shapes only (slow back-ends)")
     group.addoption("--vllm-ir-examples", type=int, default=20, help="hypothesis examples per op")
+    group.addoption(
+        "--vllm-ir-skip-compile",
+        action="store_true",
+        help="skip the eager-vs-compiled check (e.g. Triton kernels on the CPU interpreter)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -47,7 +47,9 @@ def _supports_fused(
     return _supports(x, weight, epsilon, variance_size)
 
 
-_SUPPORTED = True if device_present() else vllm_ir.Unsupported(f"oot_example device not present ({ENV_DEVICE_PRESENT}!=1)")
+_SUPPORTED = (
+    True if device_present() else vllm_ir.Unsupported(f"oot_example device not present ({ENV_DEVICE_PRESENT}!=1)")
+)
 
 
 @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=_SUPPORTED, supports_args=_supports)
@@ -59,7 +61,9 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
     return out if weight is None else out * weight
 
 
-@vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=_SUPPORTED, supports_args=_supports_fused, inplace=True)
+@vllm_ir.ops.fused_add_rms_norm.register_impl(
+    PROVIDER, supported=_SUPPORTED, supports_args=_supports_fused, inplace=True
+)
 def fused_add_rms_norm(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
 ) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,276 @@
+"""Wiring the passes into Inductor: `inductor_options`, `compile`, and chaining with user passes.
+
+Stages (Inductor config key -> passes, in order):
+
+* ``pre_grad_custom_pass``: `FunctionalizeInplacePass`, then the user's pre-grad passes
+  (they see the functional graph).
+* ``post_grad_custom_pre_pass``: the user's passes (IR ops are still single nodes: this is
+  where IR-level passes go), then `IrPipelinePass` ``"pre"``: fusion, and lowering of the
+  nodes whose implementation is functional -- Inductor's own post-grad passes then optimise
+  that code like plain torch code.
+* ``post_grad_custom_post_pass``: `IrPipelinePass` ``"post"``: lowering of in-place
+  implementations (after Inductor's ``remove_noop_ops``, which would delete the clones that
+  protect their inputs), clone cleanup; then the user's passes.
+
+A user's pass is taken from the options given, else from ``torch._inductor.config`` at the
+time of the call, and chained with ours; the chain's uuid combines every member's uuid
+(``None`` if any member has none, which turns Inductor's cache off, as it would for that
+pass alone).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+import torch
+from torch import fx
+from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass, CustomInferenceAwareGraphPass
+
+from vllm_ir.passes import cache
+from vllm_ir.passes.clone_cleanup import CloneCleanupPass
+from vllm_ir.passes.functionalize import FunctionalizeInplacePass
+from vllm_ir.passes.fusion import FusionPass, IrFusion
+from vllm_ir.passes.lowering import LoweringPass, OnUnlowered
+from vllm_ir.passes.nodes import ir_nodes
+from vllm_ir.passes.record import GraphReport, PipelineRecord, publish, reports_from_counters, set_last_selected
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PRE_GRAD = "pre_grad_custom_pass"
+POST_PRE = "post_grad_custom_pre_pass"
+POST_POST = "post_grad_custom_post_pass"
+_RECORD_ATTR = "_vllm_ir_record"
+
+
+class IrPipelinePass(CustomInferenceAwareGraphPass):
+    """Fusion, lowering and clone cleanup on one post-grad graph, reported to a `PipelineRecord`.
+
+    Two instances share the work on a graph. ``stage="pre"`` (``post_grad_custom_pre_pass``)
+    fuses and lowers functional implementations, so Inductor's own post-grad passes optimise
+    their code as they would plain torch code. ``stage="post"`` (``post_grad_custom_post_pass``,
+    after Inductor's ``remove_noop_ops``, which would drop the clones) lowers the in-place
+    implementations, removes the clones it can, and checks that no IR node is left. A post
+    stage that finds its graph not seen by a pre stage does all of it.
+    """
+
+    def __init__(
+        self,
+        record: PipelineRecord,
+        *,
+        stage: Literal["pre", "post"] = "post",
+        on_unlowered: OnUnlowered = "error",
+        fusions: Sequence[IrFusion] | None = None,
+        keep_code: bool = True,
+        shared: weakref.WeakKeyDictionary[fx.Graph, tuple[GraphReport, dict[str, int]]] | None = None,
+    ):
+        if stage not in ("pre", "post"):
+            raise ValueError(f"stage must be 'pre' or 'post', got {stage!r}")
+        self.record = record
+        self.stage = stage
+        self.fusion = FusionPass(fusions)
+        self.lowering = LoweringPass(on_unlowered)
+        self.cleanup = CloneCleanupPass()
+        self.keep_code = keep_code
+        #: Graph -> (its report, IR node order), handed from the pre to the post stage.
+        self.shared = shared if shared is not None else weakref.WeakKeyDictionary()
+
+    def __call__(self, graph: fx.Graph, is_inference: bool = True) -> None:
+        if self.stage == "pre":
+            if next(ir_nodes(graph), None) is None:
+                return
+            report = GraphReport()
+            self._timed("fusion", self.fusion, graph, report)
+            order = {n.name: i for i, n in enumerate(ir_nodes(graph))}
+            self.shared[graph] = (report, order)
+            self._timed("lowering", self.lowering, graph, report, functional_only=True, order=order)
+            return
+        seen = self.shared.pop(graph, None)
+        if seen is None:
+            if next(ir_nodes(graph), None) is None:
+                return  # nothing of ours in this graph (e.g. a piece without IR ops)
+            report = GraphReport()
+            self._timed("fusion", self.fusion, graph, report)
+            order = {n.name: i for i, n in enumerate(ir_nodes(graph))}
+        else:
+            report, order = seen
+        self.record.graphs.append(report)
+        self._timed("lowering", self.lowering, graph, report, order=order)
+        self._timed("clone_cleanup", self.cleanup, graph, report)
+        if self.keep_code:
+            report.code = graph.python_code("self").src
+        publish(report)
+
+    def _timed(self, name: str, stage: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        start = time.perf_counter()
+        try:
+            stage(*args, **kwargs)
+        finally:
+            self.record.add_time(name, time.perf_counter() - start)
+
+    def uuid(self) -> str:
+        parts = (self.fusion.uuid(), self.lowering.uuid())
+        if self.stage == "post":
+            parts += (self.cleanup.uuid(),)
+        return cache.combine("pipeline", self.stage, parts)
+
+
+class ChainedPass(CustomInferenceAwareGraphPass):
+    """Several custom passes run in order as one, with a combined uuid.
+
+    Inductor hands post-grad passes ``is_inference``; pre-grad passes are called with the
+    graph only. Members that are inference-aware get the flag, others just the graph.
+    """
+
+    def __init__(self, passes: Sequence[Any]):
+        self.passes = tuple(passes)
+
+    def __call__(self, graph: fx.Graph, is_inference: bool = True) -> None:
+        for p in self.passes:
+            if isinstance(p, CustomInferenceAwareGraphPass):
+                p(graph, is_inference)
+            else:
+                p(graph)
+
+    def uuid(self) -> str | None:
+        ids = []
+        for p in self.passes:
+            uid = p.uuid() if isinstance(p, CustomGraphPass) else None
+            if uid is None:
+                return None  # an uncacheable member makes the chain uncacheable
+            ids.append(uid if isinstance(uid, (str, bytes, int)) else repr(uid))
+        return cache.combine("chain", tuple(ids))
+
+
+def _flatten(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, ChainedPass):
+        return list(value.passes)
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _flatten(v)]
+    return [value]
+
+
+def inductor_options(
+    *,
+    on_unlowered: OnUnlowered = "error",
+    fusions: Sequence[IrFusion] | None = None,
+    **user_options: Any,
+) -> dict[str, Any]:
+    """Inductor options that run the vllm-ir pipeline: ``torch.compile(model, options=...)``.
+
+    :param on_unlowered: ``"error"`` (default) fails the compile when an IR node cannot be
+        lowered; ``"warn"`` keeps such nodes as opaque calls and warns with the node list.
+    :param fusions: IR fusions to run (default: `AddRmsNormFusion`); ``[]`` disables fusion.
+    :param user_options: any other Inductor options; custom passes among them (or already
+        set in ``torch._inductor.config``) are chained with ours, not replaced.
+
+    Example::
+
+        options = vllm_ir.inductor_options(max_autotune=True)
+        compiled = torch.compile(model, options=options)
+        compiled(x)
+        vllm_ir.passes.record_of(options).selected_impls   # {op: {node: provider}}
+    """
+    record = PipelineRecord()
+    options = dict(user_options)
+    shared: weakref.WeakKeyDictionary[fx.Graph, tuple[GraphReport, dict[str, int]]] = weakref.WeakKeyDictionary()
+    stage = {
+        name: IrPipelinePass(record, stage=name, on_unlowered=on_unlowered, fusions=fusions, shared=shared)
+        for name in ("pre", "post")
+    }
+    user = {key: _flatten(options.get(key, getattr(inductor_config, key))) for key in (PRE_GRAD, POST_PRE, POST_POST)}
+    options[PRE_GRAD] = ChainedPass([FunctionalizeInplacePass(record), *user[PRE_GRAD]])
+    options[POST_PRE] = ChainedPass([*user[POST_PRE], stage["pre"]])
+    options[POST_POST] = ChainedPass([stage["post"], *user[POST_POST]])
+    setattr(options[POST_POST], _RECORD_ATTR, record)
+    return options
+
+
+try:
+    from torch import _TorchCompileInductorWrapper as _InductorBackend
+except ImportError:  # pragma: no cover - torch without the wrapper class
+    _InductorBackend = None  # type: ignore[assignment,misc]
+
+
+if _InductorBackend is not None:
+
+    class _RecordingInductor(_InductorBackend):  # type: ignore[misc,valid-type]
+        """``torch.compile``'s own Inductor backend, plus: a graph served from Inductor's cache gets
+        the report stored by the compile that filled the cache entry."""
+
+        def __init__(self, mode: str | None, options: dict[str, Any], dynamic: bool | None):
+            super().__init__(mode, options, dynamic)
+            self.record = record_of(options)
+
+        def __call__(self, model_: Any, inputs_: Any, **kwargs: Any) -> Any:
+            from torch._dynamo.utils import counters
+
+            lowered = len(self.record.graphs)
+            before = counters["inductor"].copy()
+            compiled = super().__call__(model_, inputs_, **kwargs)
+            if len(self.record.graphs) == lowered:  # none of our passes ran: a cache hit (or no IR op)
+                for report in reports_from_counters(counters["inductor"] - before):
+                    self.record.graphs.append(report)
+                    set_last_selected(report.selected_impls)
+            return compiled
+
+
+def compile(
+    model: Callable[..., Any] | None = None,
+    *,
+    options: dict[str, Any] | None = None,
+    mode: str | None = None,
+    dynamic: bool | None = None,
+    backend: str = "inductor",
+    on_unlowered: OnUnlowered = "error",
+    fusions: Sequence[IrFusion] | None = None,
+    **torch_compile_kwargs: Any,
+) -> Any:
+    """``torch.compile`` with the vllm-ir pipeline; usable as ``@vllm_ir.compile`` or ``@vllm_ir.compile(...)``.
+
+    Takes ``torch.compile``'s arguments (``mode`` and ``options`` may be combined). The record
+    of what the passes did is `record_of(compiled)`; unlike plain ``torch.compile`` with
+    `inductor_options`, it also covers graphs served from Inductor's cache.
+    """
+    if backend != "inductor":
+        raise ValueError(f"vllm_ir.compile runs Inductor's custom passes; backend={backend!r} is not supported")
+    if model is None:
+
+        def decorator(fn: F) -> F:
+            return compile(
+                fn,
+                options=options,
+                mode=mode,
+                dynamic=dynamic,
+                on_unlowered=on_unlowered,
+                fusions=fusions,
+                **torch_compile_kwargs,
+            )
+
+        return decorator
+    opts = inductor_options(on_unlowered=on_unlowered, fusions=fusions, **(options or {}))
+    if _InductorBackend is not None:
+        backend_obj = _RecordingInductor(mode, opts, dynamic)
+        compiled = torch.compile(model, backend=backend_obj, dynamic=dynamic, **torch_compile_kwargs)
+    else:  # pragma: no cover
+        base = dict(torch._inductor.list_mode_options(mode, dynamic)) if mode else {}
+        compiled = torch.compile(model, options={**base, **opts}, dynamic=dynamic, **torch_compile_kwargs)
+    object.__setattr__(compiled, _RECORD_ATTR, record_of(opts))
+    return compiled
+
+
+def record_of(obj: Any) -> PipelineRecord:
+    """The `PipelineRecord` of options from `inductor_options` or of a model from `compile`."""
+    if isinstance(obj, dict):
+        chain = obj.get(POST_POST)
+        record = getattr(chain, _RECORD_ATTR, None)
+    else:
+        record = getattr(obj, _RECORD_ATTR, None)
+    if record is None:
+        raise ValueError("not options from vllm_ir.inductor_options() nor a model from vllm_ir.compile()")
+    return record

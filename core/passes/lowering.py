@@ -1,0 +1,272 @@
+"""Post-grad lowering: every IR node becomes the implementation dispatch picks for it.
+
+Selection is `vllm_ir.ir.dispatch.decide` in ``"compile"`` mode on the node's fake values,
+with the priority scope active at compile time: the same function eager dispatch uses, so
+eager and compiled runs agree on the kernel. The implementation is traced with ``make_fx``
+(Inductor's decompositions) into the graph through the pattern matcher's
+``replace_with_graph``; a torch custom op it calls stays one opaque node. An in-place
+implementation is traced behind clones of its activations, which keeps the graph's
+functional meaning; `CloneCleanupPass` removes the clones that provably are not needed.
+
+Functional implementations are lowered in ``post_grad_custom_pre_pass``, so Inductor's own
+post-grad passes (e.g. folding the residual add into ``addmm``) see their code exactly as
+they see plain torch code. In-place implementations are lowered in
+``post_grad_custom_post_pass``: after Inductor's ``remove_noop_ops``, which treats every
+``aten.clone`` as removable in a functional graph and would drop the protecting clones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import fx
+from torch._dispatch.python import enable_python_dispatcher
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.pattern_matcher import (
+    CallFunctionVarArgs,
+    Match,
+    PatternMatcherPass,
+    register_graph_pattern,
+    select_decomp_table,
+)
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from vllm_ir.ir import dispatch as _dispatch
+from vllm_ir.ir import priority as _priority
+from vllm_ir.ir.op import IrOp
+from vllm_ir.passes import cache
+from vllm_ir.passes.errors import LoweringError, UnloweredWarning
+from vllm_ir.passes.nodes import bound_args, donated_params, fake_args, ir_nodes, ir_op_of, ir_target
+from vllm_ir.passes.record import GraphReport, set_last_selected
+
+if TYPE_CHECKING:
+    from vllm_ir.ir.impl import IrOpImpl
+
+OnUnlowered = Literal["error", "warn"]
+
+#: ``node.meta`` key on the clones lowering inserts; read (and dropped) by clone cleanup.
+CLONE_META = "vllm_ir_clone"
+
+
+def trace_impl(fn: Callable[..., Any], args: tuple[Any, ...]) -> fx.GraphModule:
+    """Trace ``fn`` on fake ``args`` into an aten graph with Inductor's decompositions.
+
+    Unlike Inductor's ``fwd_only`` no "functional" clean-up runs: it would drop the clones
+    that protect the activations of an in-place implementation.
+    """
+    mode = torch._guards.detect_fake_mode(args)
+    ctx = mode if mode is not None else contextlib.nullcontext()
+    with ctx, enable_python_dispatcher():
+        gm = make_fx(fn, select_decomp_table(), tracing_mode="real")(*args)
+        _rewrite_out_variants(gm.graph)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _rewrite_out_variants(graph: fx.Graph) -> None:
+    """``op.out(..., out=o)`` -> ``o.copy_(op(...))``: Inductor cannot compile ``out=`` overloads."""
+    for node in list(graph.nodes):
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if not torch._library.utils.is_out(target):
+            continue
+        twin = _functional_twin(target)
+        out_names = [a.name for a in target._schema.arguments if a.is_out]
+        if twin is None or len(out_names) != 1 or out_names[0] not in node.kwargs:
+            raise NotImplementedError(f"the implementation calls {target}, an out= overload Inductor cannot compile")
+        kwargs = {k: v for k, v in node.kwargs.items() if k != out_names[0]}
+        with graph.inserting_before(node):
+            result = graph.call_function(twin, node.args, kwargs)
+            copied = graph.call_function(torch.ops.aten.copy_.default, (node.kwargs[out_names[0]], result))
+        copied.meta.update(node.meta)
+        result.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+        if isinstance(node.meta.get("val"), torch.Tensor):
+            result.meta["val"] = node.meta["val"].clone()  # a fresh value, not the out= tensor
+        node.replace_all_uses_with(copied)
+        graph.erase_node(node)
+
+
+def _functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The overload of the same op with the same inputs and no ``out`` (``mul.out`` -> ``mul.Tensor``)."""
+    inputs = [(a.name, str(a.type)) for a in op._schema.arguments if not a.is_out]
+    packet = op.overloadpacket
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        schema = candidate._schema
+        if schema.is_mutable or len(schema.returns) != 1:
+            continue
+        if [(a.name, str(a.type)) for a in schema.arguments] == inputs:
+            return candidate
+    return None
+
+
+def cloning(fn: Callable[..., Any], indices: tuple[int, ...]) -> Callable[..., Any]:
+    """``fn`` run on fresh copies of the arguments at ``indices`` (traced: the clones come first)."""
+
+    def with_clones(*args: Any) -> Any:
+        args_list = list(args)
+        for i in indices:
+            if isinstance(args_list[i], torch.Tensor):
+                args_list[i] = torch.ops.aten.clone.default(args_list[i])
+        return fn(*args_list)
+
+    return with_clones
+
+
+class LoweringPass(CustomGraphPass):
+    """Replace IR nodes by their selected implementations (see module docstring).
+
+    :param on_unlowered: ``"error"`` raises `LoweringError` listing every node that could not
+        be lowered; ``"warn"`` leaves them as opaque calls (they then dispatch eagerly at run
+        time) and warns with the list.
+    """
+
+    def __init__(self, on_unlowered: OnUnlowered = "error"):
+        if on_unlowered not in ("error", "warn"):
+            raise ValueError(f"on_unlowered must be 'error' or 'warn', got {on_unlowered!r}")
+        self.on_unlowered = on_unlowered
+        self._matcher = PatternMatcherPass(pass_name="vllm_ir_lowering")
+        self._registered: set[torch._ops.OpOverload] = set()
+        self._state: _LoweringState | None = None
+
+    def uuid(self) -> str:
+        return cache.combine(
+            "lowering",
+            self.on_unlowered,
+            cache.package_fingerprint(),
+            cache.priority_fingerprint("compile", _priority.current_scope()),
+        )
+
+    def __call__(
+        self,
+        graph: fx.Graph,
+        report: GraphReport | None = None,
+        *,
+        functional_only: bool = False,
+        order: dict[str, int] | None = None,
+    ) -> None:
+        """Lower the IR nodes of ``graph``, adding the selections to ``report``.
+
+        :param functional_only: lower only nodes whose implementation is not in-place and
+            leave the rest (and any failure) to a later call; see `IrPipelinePass`.
+        :param order: node name -> position, to list ``selected_impls`` in graph order across calls.
+        """
+        report = report if report is not None else GraphReport()
+        nodes = list(ir_nodes(graph))
+        order = order if order is not None else {n.name: i for i, n in enumerate(nodes)}
+        state = _LoweringState(_priority.current_scope(), functional_only)
+        if nodes:
+            self._state = state
+            try:
+                self._matcher_for(nodes).apply(graph)
+            finally:
+                self._state = None
+        selected = [(op, name, p) for op, by_node in report.selected_impls.items() for name, p in by_node.items()]
+        selected += [(op_name, node.name, p) for (op_name, node), p in state.selected.items()]
+        selected.sort(key=lambda entry: order.get(entry[1], len(order)))
+        report.selected_impls = {}
+        for op_name, name, provider in selected:
+            report.selected_impls.setdefault(op_name, {})[name] = provider
+        if functional_only:
+            return
+        set_last_selected(report.selected_impls)
+        # Unknown ``vllm_ir`` ops (no registered IrOp) never match a pattern.
+        for node in ir_nodes(graph):
+            if node not in state.failed:
+                state.failed[node] = (
+                    "not a registered vllm-ir op"
+                    if ir_op_of(node) is None
+                    else "skipped by the pattern matcher (unsupported tensor type?)"
+                )
+        if state.failed:
+            self._fail(state.failed, report)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _matcher_for(self, nodes: list[fx.Node]) -> PatternMatcherPass:
+        """One ``CallFunctionVarArgs`` pattern per IR overload in the graph."""
+        targets = {ir_target(n) for n in nodes if ir_op_of(n) is not None}
+        new = targets - self._registered
+        if new:
+            register_graph_pattern(CallFunctionVarArgs(sorted(new, key=str)), pass_dict=self._matcher)(self._lower)
+            self._registered |= new
+        return self._matcher
+
+    def _lower(self, match: Match, *_args: Any, **_kwargs: Any) -> None:
+        state = self._state
+        assert state is not None and len(match.nodes) == 1
+        node = match.nodes[0]
+        op = ir_op_of(node)
+        assert op is not None
+        try:
+            impl, fn, args = self._select(op, node, state.scope)
+        except Exception as exc:  # every failure is reported with its node, never silently
+            state.failed[node] = f"selecting an implementation failed: {type(exc).__name__}: {exc}"
+            return
+        if state.functional_only and impl.inplace:
+            return  # lowered after Inductor's remove_noop_ops, which would drop its clones
+        try:
+            gm = trace_impl(fn, fake_args(args))
+        except Exception as exc:
+            state.failed[node] = f"tracing provider {impl.provider!r} failed: {type(exc).__name__}: {exc}"
+            return
+        state.selected[(op.name, node)] = impl.provider
+        name, donated = node.name, donated_params(node)
+        added = match.replace_with_graph(gm, list(args))
+        if impl.inplace:
+            _tag_clones(op, name, args, donated, added)
+
+    def _select(self, op: IrOp, node: fx.Node, scope: Any) -> tuple[IrOpImpl, Callable[..., Any], tuple[Any, ...]]:
+        args = bound_args(op, node)
+        decision = _dispatch.decide(op, fake_args(args), "compile", scope)
+        if decision.skipped:
+            _dispatch._apply_fallback_policy(op, decision)
+        impl = decision.impl
+        fn = impl.fn
+        if impl.inplace and op.activation_indices:
+            fn = cloning(fn, op.activation_indices)
+        return impl, fn, args
+
+    def _fail(self, failed: dict[fx.Node, str], report: GraphReport) -> None:
+        lines = [f"  {node.name} ({ir_target(node)}): {reason}" for node, reason in failed.items()]
+        if self.on_unlowered == "warn":
+            report.unlowered.update({node.name: reason for node, reason in failed.items()})
+            warnings.warn(
+                f"vllm-ir: {len(failed)} IR node(s) left unlowered; they run through eager dispatch:\n"
+                + "\n".join(lines),
+                UnloweredWarning,
+                stacklevel=2,
+            )
+            return
+        raise LoweringError(
+            f"vllm-ir could not lower {len(failed)} IR node(s):\n"
+            + "\n".join(lines)
+            + "\n(pass on_unlowered='warn' to vllm_ir.inductor_options() to keep them as opaque calls)"
+        )
+
+
+class _LoweringState:
+    def __init__(self, scope: Any, functional_only: bool):
+        self.scope = scope
+        self.functional_only = functional_only
+        self.selected: dict[tuple[str, fx.Node], str] = {}
+        self.failed: dict[fx.Node, str] = {}
+
+
+def _tag_clones(op: IrOp, ir_node: str, args: tuple[Any, ...], donated: tuple[str, ...], added: list[fx.Node]) -> None:
+    """Mark the clones ``cloning`` put in front of an in-place kernel (the first clone of each activation)."""
+    clone = torch.ops.aten.clone.default
+    for param, index in zip(op.activations, op.activation_indices, strict=True):
+        source = args[index]
+        if not isinstance(source, fx.Node):
+            continue
+        for node in added:
+            if node.target is clone and node.args[0] is source and CLONE_META not in node.meta:
+                node.meta[CLONE_META] = {"op": op.name, "ir_node": ir_node, "param": param, "donated": param in donated}
+                break

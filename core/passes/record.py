@@ -1,0 +1,168 @@
+"""What the pipeline did, kept for the user: selected kernels, donations, clones, timings.
+
+A `PipelineRecord` belongs to one set of options (one ``inductor_options()`` call); every
+graph lowered with them adds a report. A graph served from Inductor's FX graph cache runs
+none of our passes: the report of the compile that filled the cache entry is stored next to
+it (``<cache dir>/vllm_ir_reports``) and named in the Inductor counters the cache replays, so
+`vllm_ir.passes.compile` finds it again (``from_cache=True``). With plain
+``torch.compile(options=inductor_options())`` a cache hit adds no report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_ir.passes.functionalize import FunctionalizeReport
+
+#: {op_name: {node_name: provider}}
+SelectedImpls = dict[str, dict[str, str]]
+
+
+@dataclass
+class CloneDecision:
+    """A clone the lowering inserted in front of an in-place kernel, and what cleanup did with it."""
+
+    node: str
+    op: str
+    ir_node: str
+    param: str
+    removed: bool
+    reason: str
+
+
+@dataclass
+class GraphReport:
+    """The post-grad passes' work on one graph."""
+
+    selected_impls: SelectedImpls = field(default_factory=dict)
+    fusions: list[str] = field(default_factory=list)
+    clones: list[CloneDecision] = field(default_factory=list)
+    #: IR nodes left in the graph (``on_unlowered="warn"``), with the reason.
+    unlowered: dict[str, str] = field(default_factory=dict)
+    #: The graph after the pipeline (Inductor's own passes and codegen follow).
+    code: str = ""
+    #: True when the graph came from Inductor's cache and this report from the compile that filled it.
+    from_cache: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GraphReport:
+        data = dict(data)
+        data["clones"] = [CloneDecision(**c) for c in data.get("clones", [])]
+        return cls(**data)
+
+    @property
+    def clones_removed(self) -> list[CloneDecision]:
+        return [c for c in self.clones if c.removed]
+
+    @property
+    def clones_kept(self) -> list[CloneDecision]:
+        return [c for c in self.clones if not c.removed]
+
+
+@dataclass
+class PipelineRecord:
+    """Reports of every graph compiled with one set of vllm-ir options."""
+
+    functionalized: list[FunctionalizeReport] = field(default_factory=list)
+    graphs: list[GraphReport] = field(default_factory=list)
+    #: Seconds spent in each pass, summed over graphs.
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @property
+    def selected_impls(self) -> SelectedImpls:
+        """``{op: {node: provider}}`` over every graph lowered (names prefixed ``g<i>.`` when several)."""
+        if len(self.graphs) == 1:
+            return {op: dict(nodes) for op, nodes in self.graphs[0].selected_impls.items()}
+        out: SelectedImpls = {}
+        for i, g in enumerate(self.graphs):
+            for op, nodes in g.selected_impls.items():
+                out.setdefault(op, {}).update({f"g{i}.{n}": p for n, p in nodes.items()})
+        return out
+
+    @property
+    def pass_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def add_functionalize(self, report: FunctionalizeReport, seconds: float) -> None:
+        self.functionalized.append(report)
+        self.seconds["functionalize"] += seconds
+
+    def add_time(self, name: str, seconds: float) -> None:
+        self.seconds[name] += seconds
+
+
+_last_lock = threading.Lock()
+_last_selected: SelectedImpls = {}
+
+
+def set_last_selected(selected: SelectedImpls) -> None:
+    global _last_selected
+    with _last_lock:
+        _last_selected = {op: dict(nodes) for op, nodes in selected.items()}
+
+
+def last_selected_impls() -> SelectedImpls:
+    """``{op: {node: provider}}`` of the graph lowered most recently in this process."""
+    with _last_lock:
+        return {op: dict(nodes) for op, nodes in _last_selected.items()}
+
+
+# -- reports of cached graphs ----------------------------------------------------------------
+
+#: Prefix of the Inductor counter naming a stored report; Inductor replays counters on a cache hit.
+COUNTER_PREFIX = "vllm_ir_report:"
+
+
+def _reports_dir() -> Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "vllm_ir_reports"
+
+
+def publish(report: GraphReport) -> None:
+    """Store ``report`` for cache hits of this graph and name it in Inductor's counters."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+
+    if not config.fx_graph_cache:
+        return
+    text = json.dumps(report.to_json(), sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    try:
+        folder = _reports_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{digest}.json"
+        if not path.exists():
+            tmp = folder / f".{digest}.{os.getpid()}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    except OSError:
+        return  # no report on a later hit; the compiled graph itself is unaffected
+    counters["inductor"][COUNTER_PREFIX + digest] += 1
+
+
+def reports_from_counters(delta: dict[str, int]) -> list[GraphReport]:
+    """The stored reports named by counters a cache hit replayed (``delta``: counters gained)."""
+    out = []
+    for key in sorted(delta):
+        if not key.startswith(COUNTER_PREFIX) or delta[key] <= 0:
+            continue
+        path = _reports_dir() / f"{key[len(COUNTER_PREFIX) :]}.json"
+        try:
+            report = GraphReport.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            report = GraphReport(unlowered={"?": f"report {path} of this cached graph is missing"})
+        report.from_cache = True
+        out.append(report)
+    return out

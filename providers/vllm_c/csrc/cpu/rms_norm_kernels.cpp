@@ -1,0 +1,327 @@
+// RMSNorm and fused residual-add + RMSNorm on CPU.
+//
+// Compiled once per CPU capability (see rms_norm_kernels.h). Like ATen's native/cpu kernels:
+// at::vec::Vectorized loops with a scalar tail, at::parallel_for over rows, fp32 accumulation
+// for every dtype, and one dispatch macro per entry point. No static initializers in this file
+// (ATen's Note [Do not compile initializers with AVX]) and no Tensor API: torch_bindings.cpp,
+// compiled for the baseline ISA, does the checks and passes raw pointers.
+//
+// Each row is read twice: pass 1 sums squares (memory-bound), pass 2 scales the row, now in
+// L1, while prefetching the next row (compute-bound), so the two overlap.
+//
+// Numerics follow the op declarations in vllm_ir (core/ir/declarations/layernorm.py) rounding
+// for rounding: the row is normalized in fp32, rounded to the input dtype, and only then
+// multiplied by the weight in that dtype (for bf16/fp16: an fp32 product rounded again).
+// The fused op normalizes the fp32 sum, not the rounded residual it stores.
+
+#include "rms_norm_kernels.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace vllm_ir_c {
+namespace CPU_CAPABILITY {
+namespace {
+
+using fVec = at::vec::Vectorized<float>;
+
+// Fewer elements than this per task are not worth a parallel region (a few microseconds).
+// Measured on 2 cores with hidden 4096: 8 rows already run faster on two threads
+// (fp32 5.3 vs 6.8 us), 4 rows do not (3.9 us either way).
+constexpr int64_t kMinElementsPerTask = 16384;
+
+int64_t grain_size(int64_t hidden) {
+  return std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(hidden, 1));
+}
+
+float inverse_rms(float sum_of_squares, int64_t hidden, float epsilon) {
+  // Same operations as native: mean, + epsilon, rsqrt (all fp32).
+  return 1.0f / std::sqrt(sum_of_squares / static_cast<float>(hidden) + epsilon);
+}
+
+// ---------------------------------------------------------------------------------------
+// fp32 <-> T for one Vectorized<T> (two fp32 vectors), rounding to nearest even bit for bit
+// like c10::BFloat16 / c10::Half, that is, like native.
+
+template <typename T>
+std::tuple<fVec, fVec> widen(const at::vec::Vectorized<T>& v) {
+  return at::vec::convert_to_float<T>(v);
+}
+
+template <typename T>
+at::vec::Vectorized<T> narrow(const fVec& a, const fVec& b) {
+  return at::vec::convert_from_float<T>(a, b);
+}
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// With AVX512-BF16 the bf16 kernels are ALU-bound on ATen's emulated conversions (about 20
+// vector instructions per 32 elements each way); these take 2 to 4, which makes the kernels
+// memory-bound again.
+
+template <>
+std::tuple<fVec, fVec> widen<c10::BFloat16>(const at::vec::Vectorized<c10::BFloat16>& v) {
+  // Each bf16 becomes the high half of an fp32 lane: one masked word permute per 16 lanes.
+  const __m512i low_half = _mm512_set_epi32(0xF0000, 0xE0000, 0xD0000, 0xC0000, 0xB0000, 0xA0000, 0x90000, 0x80000,
+                                            0x70000, 0x60000, 0x50000, 0x40000, 0x30000, 0x20000, 0x10000, 0);
+  const __m512i high_half = _mm512_add_epi32(low_half, _mm512_set1_epi32(16 << 16));
+  constexpr __mmask32 kHighWords = 0xAAAAAAAAu;
+  return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kHighWords, low_half, v)),
+          _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kHighWords, high_half, v))};
+}
+
+template <>
+at::vec::Vectorized<c10::BFloat16> narrow<c10::BFloat16>(const fVec& a, const fVec& b) {
+  // vcvtne2ps2bf16 rounds to nearest even like c10, but flushes denormals to zero and keeps
+  // NaN payloads where c10 keeps denormals and writes 0xffff: such vectors take ATen's path.
+  constexpr int kNaNOrDenormal = 0x01 | 0x20 | 0x80;  // vfpclassps: QNaN | denormal | SNaN
+  const __mmask16 special = _mm512_fpclass_ps_mask(a, kNaNOrDenormal) | _mm512_fpclass_ps_mask(b, kNaNOrDenormal);
+  if (C10_LIKELY(special == 0)) {
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+  }
+  return at::vec::convert_from_float<c10::BFloat16>(a, b);
+}
+#endif
+
+// Rows are walked in steps of two fp32 vectors: one Vectorized<T> of bf16/fp16, two of float.
+constexpr int64_t kStep = 2 * fVec::size();
+
+template <typename T>
+std::tuple<fVec, fVec> load_float(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return {fVec::loadu(p), fVec::loadu(p + fVec::size())};
+  } else {
+    static_assert(at::vec::Vectorized<T>::size() == kStep);
+    return widen<T>(at::vec::Vectorized<T>::loadu(p));
+  }
+}
+
+template <typename T>
+void store_float(T* p, const fVec& a, const fVec& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    a.store(p);
+    b.store(p + fVec::size());
+  } else {
+    narrow<T>(a, b).store(p);
+  }
+}
+
+// fp32 values rounded to T's precision: native's `.to(dtype)` before the weight multiply.
+template <typename T>
+std::tuple<fVec, fVec> round_float(const fVec& a, const fVec& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return {a, b};
+  } else {
+    return widen<T>(narrow<T>(a, b));
+  }
+}
+
+// The weight in fp32. A bf16/fp16 weight is widened once per chunk of rows (exactly: every
+// bf16/fp16 value is an fp32 value), so native's T * T product is fp32 math on these.
+template <typename T>
+class Fp32Weight {
+ public:
+  Fp32Weight(const void* weight, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      data_ = static_cast<const float*>(weight);
+    } else if (weight != nullptr) {
+      const T* w = static_cast<const T*>(weight);
+      buffer_.resize(n);
+      int64_t d = 0;
+      for (; d + kStep <= n; d += kStep) {
+        auto [w0, w1] = load_float(w + d);
+        store_float(buffer_.data() + d, w0, w1);
+      }
+      for (; d < n; ++d) {
+        buffer_[d] = static_cast<float>(w[d]);
+      }
+      data_ = buffer_.data();
+    }
+  }
+  const float* data() const {
+    return data_;
+  }
+
+ private:
+  std::vector<float> buffer_;
+  const float* data_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------
+// rows
+
+// Sum of squares over a row in fp32: load(d) gives step d as two fp32 vectors, scalar(d) one
+// element of the tail.
+// Four accumulators keep the FMAs independent (one chain would wait on FMA latency).
+template <typename Load, typename Scalar>
+float sum_of_squares(int64_t n, const Load& load, const Scalar& scalar) {
+  fVec acc0(0.0f);
+  fVec acc1(0.0f);
+  fVec acc2(0.0f);
+  fVec acc3(0.0f);
+  int64_t d = 0;
+  for (; d + 2 * kStep <= n; d += 2 * kStep) {
+    auto [v0, v1] = load(d);
+    auto [v2, v3] = load(d + kStep);
+    acc0 = at::vec::fmadd(v0, v0, acc0);
+    acc1 = at::vec::fmadd(v1, v1, acc1);
+    acc2 = at::vec::fmadd(v2, v2, acc2);
+    acc3 = at::vec::fmadd(v3, v3, acc3);
+  }
+  if (d + kStep <= n) {
+    auto [v0, v1] = load(d);
+    acc0 = at::vec::fmadd(v0, v0, acc0);
+    acc1 = at::vec::fmadd(v1, v1, acc1);
+    d += kStep;
+  }
+  float sum = at::vec::vec_reduce_all<float>(std::plus<fVec>(), (acc0 + acc1) + (acc2 + acc3));
+  for (; d < n; ++d) {
+    const float v = scalar(d);
+    sum += v * v;
+  }
+  return sum;
+}
+
+// Pass 1 of a row waits on memory, pass 2 on arithmetic. Pass 2 therefore prefetches the
+// next row's step (for writing where it will be written, which saves the later ownership
+// request) so that the two overlap; prefetching lines already cached costs next to nothing.
+template <bool kForWrite, typename T>
+void prefetch_step(const T* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  constexpr int64_t kLine = 64;
+  for (int64_t b = 0; b < kStep * static_cast<int64_t>(sizeof(T)); b += kLine) {
+    __builtin_prefetch(reinterpret_cast<const char*>(p) + b, kForWrite ? 1 : 0, 3);
+  }
+#endif
+}
+
+template <typename T, bool kHasWeight>
+void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, const T* next_x, T* next_out) {
+  const float sum = sum_of_squares(
+      n, [&](int64_t d) { return load_float(x + d); }, [&](int64_t d) { return static_cast<float>(x[d]); });
+
+  const float scale = inverse_rms(sum, n, epsilon);
+  int64_t d = 0;
+  const fVec scale_vec(scale);
+  for (; d + kStep <= n; d += kStep) {
+    prefetch_step<false>(next_x + d);
+    prefetch_step<true>(next_out + d);
+    auto [x0, x1] = load_float(x + d);
+    if constexpr (kHasWeight) {
+      // Native rounds the normalized row to x's dtype, then multiplies by the weight and rounds again.
+      auto [y0, y1] = round_float<T>(x0 * scale_vec, x1 * scale_vec);
+      store_float(out + d, y0 * fVec::loadu(w + d), y1 * fVec::loadu(w + d + fVec::size()));
+    } else {
+      store_float(out + d, x0 * scale_vec, x1 * scale_vec);
+    }
+  }
+  for (; d < n; ++d) {
+    const T y = static_cast<T>(static_cast<float>(x[d]) * scale);
+    out[d] = kHasWeight ? static_cast<T>(static_cast<float>(y) * w[d]) : y;
+  }
+}
+
+template <typename T, bool kHasWeight>
+void fused_add_rms_norm_row(T* x, T* residual, const float* w, int64_t n, float epsilon, T* next_x, T* next_residual) {
+  // Pass 1 only reads; pass 2 recomputes the fp32 sum from both rows (now in cache) rather
+  // than from the stored residual, which is rounded: the norm is of the fp32 sum.
+  const float sum = sum_of_squares(
+      n,
+      [&](int64_t d) {
+        auto [x0, x1] = load_float(x + d);
+        auto [r0, r1] = load_float(residual + d);
+        return std::make_tuple(x0 + r0, x1 + r1);
+      },
+      [&](int64_t d) { return static_cast<float>(x[d]) + static_cast<float>(residual[d]); });
+
+  const float scale = inverse_rms(sum, n, epsilon);
+  const fVec scale_vec(scale);
+  int64_t d = 0;
+  for (; d + kStep <= n; d += kStep) {
+    prefetch_step<true>(next_x + d);
+    prefetch_step<true>(next_residual + d);
+    auto [x0, x1] = load_float(x + d);
+    auto [r0, r1] = load_float(residual + d);
+    const fVec s0 = x0 + r0;
+    const fVec s1 = x1 + r1;
+    store_float(residual + d, s0, s1);
+    if constexpr (kHasWeight) {
+      auto [y0, y1] = round_float<T>(s0 * scale_vec, s1 * scale_vec);
+      store_float(x + d, y0 * fVec::loadu(w + d), y1 * fVec::loadu(w + d + fVec::size()));
+    } else {
+      store_float(x + d, s0 * scale_vec, s1 * scale_vec);
+    }
+  }
+  for (; d < n; ++d) {
+    const float s = static_cast<float>(x[d]) + static_cast<float>(residual[d]);
+    residual[d] = static_cast<T>(s);
+    const T y = static_cast<T>(s * scale);
+    x[d] = kHasWeight ? static_cast<T>(static_cast<float>(y) * w[d]) : y;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// chunks of rows (one at::parallel_for task each)
+
+template <typename T, bool kHasWeight>
+void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end) {
+  auto* out = static_cast<T*>(a.out);
+  const auto* x = static_cast<const T*>(a.input);
+  const Fp32Weight<T> w(kHasWeight ? a.weight : nullptr, a.hidden);
+  for (const auto r : c10::irange(begin, end)) {
+    const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
+    rms_norm_row<T, kHasWeight>(out + a.out_rows.offset(r), x + a.input_rows.offset(r), w.data(), a.hidden,
+                                a.epsilon, x + a.input_rows.offset(next), out + a.out_rows.offset(next));
+  }
+}
+
+template <typename T, bool kHasWeight>
+void fused_add_rms_norm_rows(const FusedAddRmsNormArgs& a, int64_t begin, int64_t end) {
+  auto* x = static_cast<T*>(a.input);
+  auto* residual = static_cast<T*>(a.residual);
+  const Fp32Weight<T> w(kHasWeight ? a.weight : nullptr, a.hidden);
+  for (const auto r : c10::irange(begin, end)) {
+    const int64_t next = std::min(r + 1, end - 1);
+    fused_add_rms_norm_row<T, kHasWeight>(x + a.input_rows.offset(r), residual + a.residual_rows.offset(r), w.data(),
+                                          a.hidden, a.epsilon, x + a.input_rows.offset(next),
+                                          residual + a.residual_rows.offset(next));
+  }
+}
+
+}  // namespace
+
+void rms_norm_kernel(const RmsNormArgs& args) {
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::rms_norm (cpu)", [&] {
+    at::parallel_for(0, args.rows, grain_size(args.hidden), [&](int64_t begin, int64_t end) {
+      if (args.weight != nullptr) {
+        rms_norm_rows<scalar_t, true>(args, begin, end);
+      } else {
+        rms_norm_rows<scalar_t, false>(args, begin, end);
+      }
+    });
+  });
+}
+
+void fused_add_rms_norm_kernel(const FusedAddRmsNormArgs& args) {
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::fused_add_rms_norm (cpu)", [&] {
+    at::parallel_for(0, args.rows, grain_size(args.hidden), [&](int64_t begin, int64_t end) {
+      if (args.weight != nullptr) {
+        fused_add_rms_norm_rows<scalar_t, true>(args, begin, end);
+      } else {
+        fused_add_rms_norm_rows<scalar_t, false>(args, begin, end);
+      }
+    });
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace vllm_ir_c

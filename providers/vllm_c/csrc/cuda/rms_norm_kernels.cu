@@ -1,0 +1,232 @@
+// RMSNorm and fused residual-add + RMSNorm on CUDA: one thread block per row.
+//
+// Same numerics as the CPU kernels and the native op: fp32 accumulation, the row normalized in
+// fp32 and rounded to the input dtype before the weight multiply (itself rounded), and the
+// fused op normalizing the fp32 sum rather than the rounded residual it stores. Rows are read
+// twice (sum of squares, then scale); the second read hits L1/L2. Rows whose pointers and
+// strides allow it are moved in 16-byte packs.
+
+#include <ATen/Dispatch.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "rms_norm_kernels.h"
+
+namespace vllm_ir_c::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Sum over the block; the result is valid in thread 0. blockDim.x is a multiple of 32.
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[kWarp];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  }
+  if (lane == 0) {
+    warp_sums[warp] = v;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_sums[lane] : 0.0f;
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) {
+      v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+  }
+  return v;
+}
+
+// Broadcasts 1 / sqrt(mean + epsilon) of the block's partial sums of squares.
+__device__ float block_inverse_rms(float partial, int64_t hidden, float epsilon) {
+  __shared__ float scale;
+  const float total = block_sum(partial);
+  if (threadIdx.x == 0) {
+    // Same operations as native: mean, + epsilon, rsqrt (IEEE division and sqrt).
+    scale = 1.0f / sqrtf(total / static_cast<float>(hidden) + epsilon);
+  }
+  __syncthreads();
+  return scale;
+}
+
+template <typename T>
+__device__ T round_weighted(float normed, const T* w, int k, bool has_weight) {
+  const T y = static_cast<T>(normed);  // native rounds to the input dtype here ...
+  return has_weight ? static_cast<T>(static_cast<float>(y) * static_cast<float>(w[k])) : y;  // ... and here
+}
+
+template <typename T, int kPack>
+__global__ void rms_norm_kernel(RmsNormArgs a) {
+  using P = Pack<T, kPack>;
+  const int64_t row = blockIdx.x;
+  const P* x = reinterpret_cast<const P*>(static_cast<const T*>(a.input) + a.input_rows.offset(row));
+  P* out = reinterpret_cast<P*>(static_cast<T*>(a.out) + a.out_rows.offset(row));
+  const P* w = static_cast<const P*>(a.weight);
+  const bool has_weight = w != nullptr;
+  const int64_t packs = a.hidden / kPack;
+
+  float partial = 0.0f;
+  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+    const P p = x[i];
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      const float v = static_cast<float>(p.v[k]);
+      partial += v * v;
+    }
+  }
+  const float scale = block_inverse_rms(partial, a.hidden, a.epsilon);
+
+  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+    const P p = x[i];
+    P wp;
+    if (has_weight) {
+      wp = w[i];
+    }
+    P y;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      y.v[k] = round_weighted(static_cast<float>(p.v[k]) * scale, wp.v, k, has_weight);
+    }
+    out[i] = y;
+  }
+}
+
+template <typename T, int kPack>
+__global__ void fused_add_rms_norm_kernel(FusedAddRmsNormArgs a) {
+  using P = Pack<T, kPack>;
+  const int64_t row = blockIdx.x;
+  P* x = reinterpret_cast<P*>(static_cast<T*>(a.input) + a.input_rows.offset(row));
+  P* residual = reinterpret_cast<P*>(static_cast<T*>(a.residual) + a.residual_rows.offset(row));
+  const P* w = static_cast<const P*>(a.weight);
+  const bool has_weight = w != nullptr;
+  const int64_t packs = a.hidden / kPack;
+
+  // Pass 1 only reads: pass 2 recomputes the fp32 sum from both rows, since the stored
+  // residual is rounded and the norm must not be.
+  float partial = 0.0f;
+  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+    const P xp = x[i];
+    const P rp = residual[i];
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      const float s = static_cast<float>(xp.v[k]) + static_cast<float>(rp.v[k]);
+      partial += s * s;
+    }
+  }
+  const float scale = block_inverse_rms(partial, a.hidden, a.epsilon);
+
+  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+    const P xp = x[i];
+    const P rp = residual[i];
+    P wp;
+    if (has_weight) {
+      wp = w[i];
+    }
+    P sum;
+    P y;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      const float s = static_cast<float>(xp.v[k]) + static_cast<float>(rp.v[k]);
+      sum.v[k] = static_cast<T>(s);
+      y.v[k] = round_weighted(s * scale, wp.v, k, has_weight);
+    }
+    residual[i] = sum;
+    x[i] = y;
+  }
+}
+
+bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+bool rows_aligned(const void* data, const RowLayout& rows, int64_t elem_bytes, int64_t bytes) {
+  if (!aligned(data, bytes)) {
+    return false;
+  }
+  if (rows.row_stride >= 0) {
+    return rows.row_stride * elem_bytes % bytes == 0;
+  }
+  for (int32_t d = 0; d < rows.batch_dims; ++d) {
+    if (rows.strides[d] * elem_bytes % bytes != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// 16-byte packs when every row start and the weight allow it, else one element at a time.
+template <typename T>
+constexpr int kVecPack = 16 / sizeof(T);
+
+template <typename T>
+bool can_vectorize(int64_t hidden, const void* weight, std::initializer_list<std::pair<const void*, RowLayout>> rows) {
+  if (hidden % kVecPack<T> != 0 || (weight != nullptr && !aligned(weight, 16))) {
+    return false;
+  }
+  return std::all_of(rows.begin(), rows.end(),
+                     [](const auto& r) { return rows_aligned(r.first, r.second, sizeof(T), 16); });
+}
+
+// Many rows: small blocks keep several resident per SM; few rows: wide blocks per row.
+dim3 block_for(int64_t rows, int64_t packs) {
+  const int64_t max_threads = rows < 256 ? 1024 : 256;
+  const int64_t threads = std::min(max_threads, (packs + kWarp - 1) / kWarp * kWarp);
+  return dim3(static_cast<unsigned>(std::max<int64_t>(threads, kWarp)));
+}
+
+}  // namespace
+
+cudaError_t launch_rms_norm(const RmsNormArgs& args, cudaStream_t stream) {
+  if (args.rows == 0 || args.hidden == 0) {
+    return cudaSuccess;
+  }
+  if (args.rows > INT32_MAX) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const dim3 grid(static_cast<unsigned>(args.rows));
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::rms_norm (cuda)", [&] {
+    if (can_vectorize<scalar_t>(args.hidden, args.weight, {{args.out, args.out_rows}, {args.input, args.input_rows}})) {
+      constexpr int kPack = kVecPack<scalar_t>;
+      rms_norm_kernel<scalar_t, kPack><<<grid, block_for(args.rows, args.hidden / kPack), 0, stream>>>(args);
+    } else {
+      rms_norm_kernel<scalar_t, 1><<<grid, block_for(args.rows, args.hidden), 0, stream>>>(args);
+    }
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fused_add_rms_norm(const FusedAddRmsNormArgs& args, cudaStream_t stream) {
+  if (args.rows == 0 || args.hidden == 0) {
+    return cudaSuccess;
+  }
+  if (args.rows > INT32_MAX) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const dim3 grid(static_cast<unsigned>(args.rows));
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::fused_add_rms_norm (cuda)", [&] {
+    if (can_vectorize<scalar_t>(args.hidden, args.weight,
+                                {{args.input, args.input_rows}, {args.residual, args.residual_rows}})) {
+      constexpr int kPack = kVecPack<scalar_t>;
+      fused_add_rms_norm_kernel<scalar_t, kPack>
+          <<<grid, block_for(args.rows, args.hidden / kPack), 0, stream>>>(args);
+    } else {
+      fused_add_rms_norm_kernel<scalar_t, 1><<<grid, block_for(args.rows, args.hidden), 0, stream>>>(args);
+    }
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace vllm_ir_c::cuda
