@@ -4,10 +4,11 @@ Each wraps one ``torch.ops.vllm_ir_c`` op; the predicates say why a call is decl
 read only dtypes, devices, number of dimensions and the last dimension's stride, never the
 batch size or values.
 
-The dispatch cache keys a decision on ``is_contiguous()``, not on strides, so a verdict given
-for a row-strided tensor can be reused for one with a strided last dimension. The C++ ops
-therefore accept every layout (awkward ones run on a contiguous copy); the predicates still
-decline a non-unit last-dimension stride so that ``explain`` says what is slow about it.
+The dispatch cache keys a decision on a layout class (contiguous, unit inner stride, other),
+not on full strides, and a size-1 last dimension is accepted whatever its stride, so a cached
+verdict can meet a layout the predicate would have declined. The C++ ops therefore accept
+every layout (awkward ones run on a contiguous copy); the predicates still decline a
+non-unit last-dimension stride so that ``explain`` says what is slow about it.
 """
 
 from __future__ import annotations
