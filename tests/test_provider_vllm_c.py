@@ -55,6 +55,9 @@ def _verdict(op, args, provider_name="vllm_c"):
 def test_impls_are_registered_and_survive_the_registry_snapshot():
     assert "vllm_c" in RMS.impls and "vllm_c" in FUSED.impls
     assert FUSED.impls["vllm_c"].inplace and not RMS.impls["vllm_c"].inplace
+    # Batch-invariant only where no CUDA kernels are built (their reduction order varies).
+    cuda_built = provider.STATUS.cuda_kernels and torch.version.hip is None
+    assert RMS.impls["vllm_c"].batch_invariant == FUSED.impls["vllm_c"].batch_invariant == (not cuda_built)
 
 
 def test_default_priority_puts_vllm_c_first_on_cpu_in_eager_mode_only():

@@ -34,6 +34,9 @@ def register(status: ExtensionStatus) -> None:
     else:
         rms_norm_kernel = fused_add_rms_norm_kernel = _not_loaded(status)
     devices = ("cpu", "cuda") if status.cuda_kernels and torch.version.hip is None else ("cpu",)
+    # The CPU kernels reduce each row in a fixed order whatever the batch; the CUDA ones do not
+    # (their summation order depends on hidden size and pointer alignment).
+    batch_invariant = devices == ("cpu",)
 
     def supports_rms_norm(
         x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
@@ -58,7 +61,7 @@ def register(status: ExtensionStatus) -> None:
         return True
 
     @vllm_ir.ops.rms_norm.register_impl(
-        PROVIDER, supported=supported, supports_args=supports_rms_norm, batch_invariant=True
+        PROVIDER, supported=supported, supports_args=supports_rms_norm, batch_invariant=batch_invariant
     )
     def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
         out = torch.empty_like(x)
@@ -66,7 +69,11 @@ def register(status: ExtensionStatus) -> None:
         return out
 
     @vllm_ir.ops.fused_add_rms_norm.register_impl(
-        PROVIDER, supported=supported, supports_args=supports_fused_add_rms_norm, inplace=True, batch_invariant=True
+        PROVIDER,
+        supported=supported,
+        supports_args=supports_fused_add_rms_norm,
+        inplace=True,
+        batch_invariant=batch_invariant,
     )
     def fused_add_rms_norm(
         x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
