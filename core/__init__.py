@@ -56,6 +56,7 @@ def __getattr__(name: str):
     loaded = importlib.import_module(module)
     return loaded if name == "passes" else getattr(loaded, name)
 
+
 __version__ = "0.1.0"
 
 __all__ = [

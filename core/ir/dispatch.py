@@ -170,12 +170,9 @@ def on_miss(op: IrOp, key: tuple, args: tuple) -> Decision:
     decision = decide(op, args, "eager", key[0])
     if decision.skipped:
         _apply_fallback_policy(op, decision)
-    if (
-        not decision.skipped
-        and decision.impl is _priority.resolve(op, "eager", key[0]).candidates[0][0]
-        and (decision.impl.supports_args is None)
-    ):
-        # The first candidate accepts every call: no per-call key is needed in this scope.
+    if not decision.skipped and decision.impl.supports_args is None:
+        # Nothing was skipped, so the first candidate ran, and it accepts every call:
+        # no per-call key is needed in this scope.
         op._fixed[key[0]] = decision
     elif decision.cacheable:
         cache = op._decisions

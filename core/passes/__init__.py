@@ -10,11 +10,7 @@ so ``import vllm_ir`` stays fast for eager users.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from vllm_ir.passes.fusion import IrFusion
+from typing import Any
 
 #: Public name -> submodule defining it (loaded on first access).
 _LAZY = {
@@ -22,6 +18,8 @@ _LAZY = {
     "CloneCleanupPass": "clone_cleanup",
     "ChainedPass": "entry",
     "IrPipelinePass": "entry",
+    "compile": "entry",
+    "inductor_options": "entry",
     "record_of": "entry",
     "CompileDonationError": "errors",
     "LoweringError": "errors",
@@ -43,44 +41,6 @@ _LAZY = {
 }
 
 
-def inductor_options(
-    *,
-    on_unlowered: Literal["error", "warn"] = "error",
-    fusions: Sequence[IrFusion] | None = None,
-    **user_options: Any,
-) -> dict[str, Any]:
-    """Inductor options running the vllm-ir pipeline (see `vllm_ir.passes.entry.inductor_options`)."""
-    from vllm_ir.passes import entry
-
-    return entry.inductor_options(on_unlowered=on_unlowered, fusions=fusions, **user_options)
-
-
-def compile(
-    model: Callable[..., Any] | None = None,
-    *,
-    options: dict[str, Any] | None = None,
-    mode: str | None = None,
-    dynamic: bool | None = None,
-    backend: str = "inductor",
-    on_unlowered: Literal["error", "warn"] = "error",
-    fusions: Sequence[IrFusion] | None = None,
-    **torch_compile_kwargs: Any,
-) -> Any:
-    """``torch.compile`` with the vllm-ir pipeline (see `vllm_ir.passes.entry.compile`)."""
-    from vllm_ir.passes import entry
-
-    return entry.compile(
-        model,
-        options=options,
-        mode=mode,
-        dynamic=dynamic,
-        backend=backend,
-        on_unlowered=on_unlowered,
-        fusions=fusions,
-        **torch_compile_kwargs,
-    )
-
-
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
@@ -94,4 +54,4 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = sorted(["compile", "inductor_options", *_LAZY])
+__all__ = sorted(_LAZY)
