@@ -17,11 +17,16 @@ import vllm_ir
 __version__ = "0.1.0"
 
 
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (read by Triton once, at import)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def availability() -> bool | vllm_ir.Unsupported:
     """Whether Triton kernels can run in this process, and if not, why."""
     if importlib.util.find_spec("triton") is None:
         return vllm_ir.Unsupported("triton is not installed")
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         return True
     if torch.cuda.is_available():  # CUDA or ROCm builds of torch
         return True

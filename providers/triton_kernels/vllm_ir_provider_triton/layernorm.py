@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import SUPPORTED
+from vllm_ir_provider_triton import SUPPORTED, interpreting
 
 PROVIDER = "triton"
 #: Rows longer than this would not fit one program's registers on GPUs: declined.
@@ -35,15 +35,9 @@ def _common_checks(x: Tensor, weight: Tensor | None, variance_size: int | None) 
         return vllm_ir.Unsupported("weight is not contiguous")
     if not x.is_contiguous() and not (x.dim() == 2 and x.stride(-1) == 1):
         return vllm_ir.Unsupported("input must be contiguous, or 2-D rows with a unit inner stride")
-    if x.device.type == "cpu" and not _interpreting():
+    if x.device.type == "cpu" and not interpreting():
         return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
     return True
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
