@@ -1,10 +1,12 @@
 """Choosing an implementation for a call: the eager hot path, its cache, and ``explain``.
 
 The hot path is generated per op as a plain function with the op's own parameters, so a
-call costs a tracing check, a tuple of per-tensor facts (dtype, device, number of
+call costs a tracing check, a key of per-tensor facts (dtype, device, number of
 dimensions, layout class: contiguous / unit inner stride / other) plus the scalar
 arguments, one dict lookup and the kernel call. A predicate that looks at anything else
-registers with ``cacheable=False``.
+registers with ``cacheable=False``. Where the ``vllm_ir._fast_lookup`` extension is built,
+one C call does the key and the lookup (and remembers the last hit); the Python path here
+remains the reference and handles everything it declines.
 Predicates run only on a cache miss. While tracing or compiling, the same function calls the
 ``torch.ops.vllm_ir`` op instead, so graphs hold exactly one IR node per call.
 """
@@ -243,17 +245,23 @@ def reset_dispatch_stats() -> None:
 
 
 def build_entry_points(
-    op: IrOp, torch_default: Callable[..., Any], torch_maybe_inplace: Callable[..., Any]
+    op: IrOp, torch_default: Callable[..., Any], torch_maybe_inplace: Callable[..., Any], lookup: Any | None
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """Generate ``op(...)`` and ``op.maybe_inplace(...)`` with the op's exact parameters.
 
     ``op(...)`` is returned as a method (first parameter the op itself) so that it can be
     the ``__call__`` of the op's class, which Dynamo inlines like any user method.
+
+    The Python path below is the reference. With a compiled ``lookup`` over the op's decision
+    dicts (`vllm_ir.ir.fast_lookup.make_lookup`), the entry points first ask it for a cached
+    decision and take the Python path only when it answers None; Python then stores new
+    decisions under the compiled key so that both read one cache.
     """
     sig = op.signature
     names = list(sig.parameters)
     env: dict[str, Any] = {
         "_is_compiling": torch.compiler.is_compiling,
+        "_is_dynamo_compiling": torch.compiler.is_dynamo_compiling,
         "_dispatch_stack": torch._C._len_torch_dispatch_stack,
         "_scope": current_scope,
         "_cache": op._decisions,
@@ -263,6 +271,8 @@ def build_entry_points(
         "_torch_default": torch_default,
         "_torch_maybe_inplace": torch_maybe_inplace,
         "_freeze": _freeze,
+        "_lookup": lookup.lookup if lookup is not None else None,
+        "_compiled_key": lookup.key if lookup is not None else None,
     }
     params = []
     for i, p in enumerate(sig.parameters.values()):
@@ -271,40 +281,77 @@ def build_entry_points(
         else:
             env[f"_default_{i}"] = p.default
             params.append(f"{p.name}=_default_{i}")
-    key_parts = ["scope"] + [_key_expr(op, name) for name in names]
     call = ", ".join(names)
-    sources = {}
-    for fn_name, self_param, torch_fn, runner in (
+    key_parts = ["scope"] + [_key_expr(op, name) for name in names]
+    key_fn = (
+        f"def _python_key(scope, {call}):\n"
+        f"    try:\n"
+        f"        return ({', '.join(key_parts)},)\n"
+        f"    except (AttributeError, TypeError):\n"
+        f"        _bad_arguments(({call},))\n"
+        f"        raise\n"
+    )
+    key = f"_python_key(scope, {call})"
+    if lookup is not None:
+        key = f"_compiled_key(scope, {call}) or {key}"
+    env["_python_key"] = _define(op, "key", "_python_key", key_fn, env)
+    signature = ", ".join(params)
+    entries = []
+    for overload, head, torch_fn, runner in (
         ("default", "_op_self, ", "_torch_default", "functional"),
         ("maybe_inplace", "", "_torch_maybe_inplace", "maybe_inplace"),
     ):
-        sources[fn_name] = (
-            f"def {op.name}({self_param}{', '.join(params)}):\n"
-            f"    if _is_compiling() or _dispatch_stack():\n"
-            f"        return {torch_fn}({call})\n"
-            f"    scope = _scope()\n"
-            f"    d = _fixed.get(scope)\n"
-            f"    if d is None:\n"
-            f"        try:\n"
-            f"            key = ({', '.join(key_parts)},)\n"
-            f"        except (AttributeError, TypeError):\n"
-            f"            _bad_arguments(({call},))\n"
-            f"            raise\n"
-            f"        d = _cache.get(key)\n"
-            f"        if d is None:\n"
-            f"            d = _miss(key, ({call},))\n"
-            f"    d.calls += 1\n"
-            f"    return d.{runner}({call})\n"
-        )
-    fns = []
-    for fn_name, src in sources.items():
-        namespace = dict(env)
-        exec(compile(src, f"<vllm_ir.ops.{op.name}.{fn_name}>", "exec"), namespace)
-        fn = namespace[op.name]
-        fn.__qualname__ = f"{op.name}.{fn_name}" if fn_name != "default" else op.name
-        fn.__doc__ = op.fn.__doc__
-        fns.append(fn)
-    return fns[0], fns[1]
+        if lookup is None:
+            source = _python_path(op.name, head + signature, call, key, torch_fn, runner)
+            entries.append(_define(op, overload, op.name, source, env))
+            continue
+        source = _python_path(op.name, signature, call, key, torch_fn, runner)
+        python_path = _define(op, f"{overload}.python", op.name, source, env)
+        source = _fast_path(op.name, head + signature, call, torch_fn, runner)
+        entries.append(_define(op, overload, op.name, source, dict(env, _python_path=python_path)))
+    return entries[0], entries[1]
+
+
+def _python_path(name: str, signature: str, call: str, key: str, torch_fn: str, runner: str) -> str:
+    return (
+        f"def {name}({signature}):\n"
+        f"    if _is_compiling() or _dispatch_stack():\n"
+        f"        return {torch_fn}({call})\n"
+        f"    scope = _scope()\n"
+        f"    d = _fixed.get(scope)\n"
+        f"    if d is None:\n"
+        f"        key = {key}\n"
+        f"        d = _cache.get(key)\n"
+        f"        if d is None:\n"
+        f"            d = _miss(key, ({call},))\n"
+        f"    d.calls += 1\n"
+        f"    return d.{runner}({call})\n"
+    )
+
+
+def _fast_path(name: str, signature: str, call: str, torch_fn: str, runner: str) -> str:
+    # Dynamo folds is_dynamo_compiling() to True; the other tracers run a dispatch mode, for
+    # which the compiled lookup answers None and the Python path routes to the torch op.
+    return (
+        f"def {name}({signature}):\n"
+        f"    if _is_dynamo_compiling():\n"
+        f"        return {torch_fn}({call})\n"
+        f"    d = _lookup({call})\n"
+        f"    if d is None:\n"
+        f"        return _python_path({call})\n"
+        f"    d.calls += 1\n"
+        f"    return d.{runner}({call})\n"
+    )
+
+
+def _define(op: IrOp, what: str, fn_name: str, source: str, env: dict[str, Any]) -> Callable[..., Any]:
+    """Compile one generated function; ``what`` names it in tracebacks and profiles."""
+    namespace = dict(env)
+    exec(compile(source, f"<vllm_ir.ops.{op.name}.{what}>", "exec"), namespace)
+    fn = namespace[fn_name]
+    fn.__qualname__ = op.name if what == "default" else f"{op.name}.{what}"
+    fn.__doc__ = op.fn.__doc__
+    return fn
 
 
 def check_arguments(op: IrOp, args: tuple) -> None:

@@ -15,8 +15,8 @@ import torch
 
 from vllm_ir.errors import RegistrationError
 from vllm_ir.ir import dispatch as _dispatch
+from vllm_ir.ir import fast_lookup, registry, signature, torch_library
 from vllm_ir.ir import priority as _priority
-from vllm_ir.ir import registry, signature, torch_library
 from vllm_ir.ir.impl import NATIVE, RESERVED_PROVIDERS, IrOpImpl, Unsupported
 from vllm_ir.ir.priority import Mode, PriorityEntry
 
@@ -63,6 +63,8 @@ class IrOp:
         self.tensor_param_indices = tuple(names.index(t) for t in self.tensor_params)
         self._decisions: dict[tuple, _dispatch.Decision] = {}
         self._fixed: dict[object, _dispatch.Decision] = {}
+        #: The compiled reader of the two dicts above (None: pure Python); see fast_lookup.
+        self._fast_lookup = fast_lookup.make_lookup(self, _priority.scope_var)
         self._tolerances: dict[torch.dtype, tuple[float, float]] = {}
         self._input_generator: InputGenerator | None = None
         #: Named option sets for the input generator that conformance tests cover (e.g. no weight).
@@ -229,6 +231,8 @@ class IrOp:
         return decision.functional(*args)
 
     def _clear_decisions(self) -> None:
+        if self._fast_lookup is not None:
+            self._fast_lookup.forget()
         self._fixed.clear()
         if self._decisions:
             _dispatch.retire(self._decisions, self.name)
@@ -302,7 +306,7 @@ def register_op(
         inplace_overload = (
             torch_library.overload(op_name, torch_library.MAYBE_INPLACE) if allow_inplace else default_overload
         )
-        call, call_maybe_inplace = _dispatch.build_entry_points(op, default_overload, inplace_overload)
+        call, call_maybe_inplace = _dispatch.build_entry_points(op, default_overload, inplace_overload, op._fast_lookup)
         # Per-op subclass: ``op(...)`` goes straight into the generated hot path.
         op.__class__ = type(f"IrOp_{op_name}", (IrOp,), {"__call__": call, "__slots__": ()})
         op._library = lib

@@ -103,7 +103,8 @@ class _Scope:
                 yield providers
 
 
-_scope_var: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vllm_ir_priority_scope", default=None)
+#: The innermost ``priority()`` scope; read by the eager hot path (also from C, see fast_lookup).
+scope_var: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vllm_ir_priority_scope", default=None)
 _interned_scopes: dict[tuple, _Scope] = {}
 _global: dict[str, tuple[str, ...]] = {}
 _defaults_source: DefaultsSource | None = None
@@ -111,7 +112,7 @@ _settings: Settings | None = None
 _resolved: dict[tuple[str, Mode, _Scope | None], ResolvedPriority] = {}
 registry.on_invalidate(_resolved.clear)
 
-current_scope = _scope_var.get
+current_scope = scope_var.get
 
 
 def settings() -> Settings:
@@ -166,16 +167,16 @@ def priority(**op_priorities: Sequence[str]) -> Iterator[None]:
         model(x)
     """
     new = tuple((op, _validate(op, providers, "priority()")) for op, providers in op_priorities.items())
-    outer = _scope_var.get()
+    outer = scope_var.get()
     lists = new + (outer.lists if outer is not None else ())
     scope = _interned_scopes.get(lists)
     if scope is None:
         scope = _interned_scopes.setdefault(lists, _Scope(lists))
-    token = _scope_var.set(scope)
+    token = scope_var.set(scope)
     try:
         yield
     finally:
-        _scope_var.reset(token)
+        scope_var.reset(token)
 
 
 def resolve(op: IrOp, mode: Mode = "eager", scope: _Scope | None = None) -> ResolvedPriority:

@@ -1,0 +1,338 @@
+// vllm_ir._fast_lookup: the cache-hit half of the eager hot path, in one C call.
+//
+// Building the decision-cache key in Python costs about 40 ns per tensor attribute read and
+// hashing torch.device objects is slow, which puts a call that must consult a predicate near
+// 1 us. Here one call reads the same facts straight from each TensorImpl and looks the key up.
+//
+// The pure-Python path in vllm_ir/ir/dispatch.py stays the reference: this module only ever
+// answers with a cached decision or "ask Python" (None). Python handles misses, tracing,
+// tensor subclasses, tensor lists and every error, and stores its decisions under the keys
+// built by `Lookup.key`, so both paths share one cache.
+//
+// Most call sites call an op with one signature over and over (every layer's norm), so the
+// last hit is kept and compared field by field first: no key, no hashing, no allocation.
+// Python calls `forget()` whenever it clears the decision dicts.
+//
+// Key layout: (scope, a0, a1, ...) where a tensor argument becomes one int packing
+// dtype | device type | device index + 1 | number of dimensions | layout class, and any
+// other argument is itself. Layout class: 1 contiguous, 2 unit inner stride, 0 other.
+
+#include <Python.h>
+
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstdint>
+#include <cstring>
+
+#ifndef VLLM_IR_BUILT_FOR_TORCH
+#error "setup.py passes the torch version this module is compiled against"
+#endif
+
+namespace {
+
+constexpr int kDtypeBits = 7;
+constexpr int kDeviceTypeBits = 6;
+constexpr int kDeviceIndexBits = 8;
+constexpr int kDimBits = 7;
+
+// The packed facts of an exact torch.Tensor / nn.Parameter, or -1 when Python must look
+// (not strided, or a fact too large for its field).
+long pack_tensor(PyObject* obj) {
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (t.layout() != c10::kStrided) {
+    return -1;
+  }
+  const long dtype = static_cast<long>(t.scalar_type());
+  const c10::Device device = t.device();
+  const long device_type = static_cast<long>(device.type());
+  const long device_index = static_cast<long>(device.index()) + 1;
+  const long dim = static_cast<long>(t.dim());
+  if (dtype >= (1L << kDtypeBits) || device_type >= (1L << kDeviceTypeBits) || device_index < 0 ||
+      device_index >= (1L << kDeviceIndexBits) || dim >= (1L << kDimBits)) {
+    return -1;
+  }
+  const long layout = t.is_contiguous() ? 1 : (t.stride(-1) == 1 ? 2 : 0);
+  int shift = 0;
+  long packed = dtype;
+  packed |= device_type << (shift += kDtypeBits);
+  packed |= device_index << (shift += kDeviceTypeBits);
+  packed |= dim << (shift += kDeviceIndexBits);
+  packed |= layout << (shift += kDimBits);
+  return packed;
+}
+
+struct Lookup {
+  PyObject_HEAD
+  PyObject* fixed;  // dict: scope -> decision (the first candidate accepts every call)
+  PyObject* cache;  // dict: key -> decision
+  PyObject* scope;  // the contextvars.ContextVar holding the priority scope
+  uint64_t tensor_mask;  // bit i: parameter i is a Tensor / Tensor | None
+  Py_ssize_t nargs;
+  PyObject* last_key;       // the key of the last dict hit, or NULL
+  PyObject* last_decision;  // its decision
+};
+
+// New reference to the key tuple, Py_None when Python must build it, NULL on error.
+PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
+  PyObject* key = PyTuple_New(self->nargs + 1);
+  if (key == nullptr) {
+    return nullptr;
+  }
+  Py_INCREF(scope);
+  PyTuple_SET_ITEM(key, 0, scope);
+  bool complete = true;
+  for (Py_ssize_t i = 0; i < self->nargs && complete; ++i) {
+    PyObject* arg = args[i];
+    PyObject* item = nullptr;
+    if (self->tensor_mask >> i & 1) {
+      if (arg == Py_None) {
+        item = Py_NewRef(arg);
+      } else if (THPVariable_CheckExact(arg)) {  // subclasses may redefine any fact: Python looks
+        const long packed = pack_tensor(arg);
+        if (packed < 0) {
+          complete = false;
+          continue;
+        }
+        item = PyLong_FromLong(packed);
+        if (item == nullptr) {
+          Py_DECREF(key);
+          return nullptr;
+        }
+      } else {
+        complete = false;  // Python raises the error naming the argument
+        continue;
+      }
+    } else if (PyList_Check(arg) || PyTuple_Check(arg)) {
+      complete = false;  // Python freezes lists (tensors inside them by their facts)
+      continue;
+    } else {
+      item = Py_NewRef(arg);
+    }
+    PyTuple_SET_ITEM(key, i + 1, item);
+  }
+  if (!complete) {  // the unset items are NULL, which tuple deallocation skips
+    Py_DECREF(key);
+    Py_RETURN_NONE;
+  }
+  return key;
+}
+
+bool check_nargs(Lookup* self, Py_ssize_t nargs, const char* method) {
+  if (nargs == self->nargs) {
+    return true;
+  }
+  PyErr_Format(PyExc_TypeError, "Lookup.%s() takes %zd arguments, got %zd", method, self->nargs, nargs);
+  return false;
+}
+
+// 1 when this call has the same key as the last hit, else 0 (never an error: Python looks).
+int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* args) {
+  if (PyTuple_GET_ITEM(key, 0) != scope) {
+    return 0;
+  }
+  for (Py_ssize_t i = 0; i < self->nargs; ++i) {
+    PyObject* arg = args[i];
+    PyObject* item = PyTuple_GET_ITEM(key, i + 1);
+    if (arg == item) {
+      continue;
+    }
+    if (self->tensor_mask >> i & 1) {
+      if (arg == Py_None || item == Py_None || !THPVariable_CheckExact(arg) || pack_tensor(arg) != PyLong_AsLong(item)) {
+        return 0;
+      }
+      continue;
+    }
+    // Equal scalars hash equally, so this agrees with the dict lookup it short-cuts.
+    const int equal = PyObject_RichCompareBool(arg, item, Py_EQ);
+    if (equal <= 0) {
+      PyErr_Clear();
+      return 0;
+    }
+  }
+  return 1;
+}
+
+// lookup(*args) -> the cached decision for this call, or None: Python takes over.
+PyObject* Lookup_lookup(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<Lookup*>(op);
+  if (!check_nargs(self, nargs, "lookup")) {
+    return nullptr;
+  }
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+    Py_RETURN_NONE;  // tracing or a dispatch mode: the call must reach the torch op
+  }
+  PyObject* scope = nullptr;
+  if (PyContextVar_Get(self->scope, nullptr, &scope) < 0) {
+    return nullptr;
+  }
+  PyObject* decision = PyDict_GetItemWithError(self->fixed, scope);
+  if (decision != nullptr || PyErr_Occurred()) {
+    Py_DECREF(scope);
+    return Py_XNewRef(decision);
+  }
+  PyObject* last = Py_XNewRef(self->last_key);  // held: comparing may run Python code
+  if (last != nullptr) {
+    const bool hit = matches_last(self, last, scope, args) && self->last_key == last;
+    Py_DECREF(last);
+    if (hit) {
+      Py_DECREF(scope);
+      return Py_NewRef(self->last_decision);
+    }
+  }
+  PyObject* key = build_key(self, scope, args);
+  Py_DECREF(scope);
+  if (key == nullptr || key == Py_None) {
+    return key;
+  }
+  decision = Py_XNewRef(PyDict_GetItemWithError(self->cache, key));
+  if (decision == nullptr) {
+    Py_DECREF(key);
+    PyErr_Clear();  // an unhashable argument: Python's lookup raises the error in context
+    Py_RETURN_NONE;
+  }
+  Py_XSETREF(self->last_key, key);
+  Py_XSETREF(self->last_decision, Py_NewRef(decision));
+  return decision;
+}
+
+// forget(): drop the remembered last hit (the decision dicts are being cleared).
+PyObject* Lookup_forget(PyObject* op, PyObject*) {
+  auto* self = reinterpret_cast<Lookup*>(op);
+  Py_CLEAR(self->last_key);
+  Py_CLEAR(self->last_decision);
+  Py_RETURN_NONE;
+}
+
+// key(scope, *args) -> the cache key Python stores a new decision under, or None.
+PyObject* Lookup_key(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<Lookup*>(op);
+  if (nargs < 1 || !check_nargs(self, nargs - 1, "key")) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "Lookup.key(scope, *args)");
+    }
+    return nullptr;
+  }
+  return build_key(self, args[0], args + 1);
+}
+
+int Lookup_init(PyObject* op, PyObject* args, PyObject* kwargs) {
+  auto* self = reinterpret_cast<Lookup*>(op);
+  static const char* names[] = {"fixed", "cache", "scope", "tensor_mask", "nargs", nullptr};
+  PyObject *fixed, *cache, *scope;
+  unsigned long long mask;
+  Py_ssize_t n;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OKn", const_cast<char**>(names), &PyDict_Type, &fixed,
+                                   &PyDict_Type, &cache, &scope, &mask, &n)) {
+    return -1;
+  }
+  if (!PyContextVar_CheckExact(scope)) {
+    PyErr_SetString(PyExc_TypeError, "Lookup: scope must be a contextvars.ContextVar");
+    return -1;
+  }
+  if (n < 0 || n > 64) {
+    PyErr_SetString(PyExc_ValueError, "Lookup: ops take at most 64 parameters");
+    return -1;
+  }
+  Py_XSETREF(self->fixed, Py_NewRef(fixed));
+  Py_XSETREF(self->cache, Py_NewRef(cache));
+  Py_XSETREF(self->scope, Py_NewRef(scope));
+  Py_CLEAR(self->last_key);
+  Py_CLEAR(self->last_decision);
+  self->tensor_mask = mask;
+  self->nargs = n;
+  return 0;
+}
+
+int Lookup_traverse(PyObject* op, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<Lookup*>(op);
+  Py_VISIT(self->fixed);
+  Py_VISIT(self->cache);
+  Py_VISIT(self->scope);
+  Py_VISIT(self->last_key);
+  Py_VISIT(self->last_decision);
+  return 0;
+}
+
+int Lookup_clear(PyObject* op) {
+  auto* self = reinterpret_cast<Lookup*>(op);
+  Py_CLEAR(self->fixed);
+  Py_CLEAR(self->cache);
+  Py_CLEAR(self->scope);
+  Py_CLEAR(self->last_key);
+  Py_CLEAR(self->last_decision);
+  return 0;
+}
+
+void Lookup_dealloc(PyObject* op) {
+  PyObject_GC_UnTrack(op);
+  Lookup_clear(op);
+  Py_TYPE(op)->tp_free(op);
+}
+
+PyMethodDef Lookup_methods[] = {
+    {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Lookup_lookup)), METH_FASTCALL,
+     "lookup(*args): the cached decision for this call, or None (Python takes over)."},
+    {"key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Lookup_key)), METH_FASTCALL,
+     "key(scope, *args): the cache key of this call, or None when Python must build it."},
+    {"forget", Lookup_forget, METH_NOARGS, "forget(): drop the remembered last hit (call when clearing the dicts)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject LookupType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "vllm_ir._fast_lookup",
+                          "Decision-cache lookups for the eager hot path (see vllm_ir.ir.fast_lookup).", -1};
+
+// Refuses to load under another torch than the one it was compiled against: the tensor
+// layout it reads is torch's, and would be misread rather than fail.
+bool check_torch_version() {
+  PyObject* torch = PyImport_ImportModule("torch");
+  if (torch == nullptr) {
+    return false;
+  }
+  PyObject* version = PyObject_GetAttrString(torch, "__version__");
+  Py_DECREF(torch);
+  if (version == nullptr) {
+    return false;
+  }
+  const char* running = PyUnicode_AsUTF8(version);
+  const bool same = running != nullptr && std::strcmp(running, VLLM_IR_BUILT_FOR_TORCH) == 0;
+  if (running != nullptr && !same) {
+    PyErr_Format(PyExc_ImportError, "vllm_ir._fast_lookup was built for torch %s but torch %s is running",
+                 VLLM_IR_BUILT_FOR_TORCH, running);
+  }
+  Py_DECREF(version);
+  return same;
+}
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__fast_lookup(void) {
+  if (!check_torch_version()) {
+    return nullptr;
+  }
+  LookupType.tp_name = "vllm_ir._fast_lookup.Lookup";
+  LookupType.tp_basicsize = sizeof(Lookup);
+  LookupType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  LookupType.tp_doc = "Lookup(fixed, cache, scope, tensor_mask, nargs): one op's decision cache, read from C.";
+  LookupType.tp_methods = Lookup_methods;
+  LookupType.tp_init = Lookup_init;
+  LookupType.tp_new = PyType_GenericNew;
+  LookupType.tp_traverse = Lookup_traverse;
+  LookupType.tp_clear = Lookup_clear;
+  LookupType.tp_dealloc = Lookup_dealloc;
+  if (PyType_Ready(&LookupType) < 0) {
+    return nullptr;
+  }
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) {
+    return nullptr;
+  }
+  if (PyModule_AddObjectRef(module, "Lookup", reinterpret_cast<PyObject*>(&LookupType)) < 0 ||
+      PyModule_AddStringConstant(module, "BUILT_FOR_TORCH", VLLM_IR_BUILT_FOR_TORCH) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}
