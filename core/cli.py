@@ -181,6 +181,9 @@ def _doctor_report() -> dict[str, Any]:
 
         triton["version"] = version("triton")
         triton["interpreter"] = os.environ.get("TRITON_INTERPRET") == "1"
+    from vllm_ir.ir import fast_lookup
+
+    eager_lookup = {"compiled": fast_lookup.available(), "detail": fast_lookup.describe()}
     problems = []
     for r in records:
         if r.status in (vllm_ir.ProviderStatus.LOADED, vllm_ir.ProviderStatus.NOT_LOADED):
@@ -198,6 +201,7 @@ def _doctor_report() -> dict[str, Any]:
             "threads": torch.get_num_threads(),
         },
         "platform": platform_info,
+        "eager_lookup": eager_lookup,
         "triton": triton,
         "providers": {r.name: r.status.value for r in records},
         "problems": problems,
@@ -230,6 +234,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if p["error"] is None
         else f"platform: ERROR {p['error']}"
     )
+    lines.append(f"eager dispatch lookup: {report['eager_lookup']['detail']}")
     tr = report["triton"]
     lines.append(
         f"triton: {tr['version']}" + (" (TRITON_INTERPRET=1: kernels run on CPU)" if tr["interpreter"] else "")

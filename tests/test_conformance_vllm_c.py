@@ -13,6 +13,6 @@ import pytest
 if importlib.util.find_spec("vllm_ir_provider_vllm_c") is None:
     pytest.skip("providers/vllm_c is not installed (scripts/setup.sh installs it)", allow_module_level=True)
 
-from vllm_ir.testing import conformance_tests  # noqa: E402
+from vllm_ir.testing import conformance_tests
 
 globals().update(conformance_tests("vllm_c"))

@@ -14,10 +14,13 @@ Predicates run only on a cache miss. While tracing or compiling, the same functi
 from __future__ import annotations
 
 import inspect
+import os
+import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -203,8 +206,20 @@ def _apply_fallback_policy(op: IrOp, decision: Decision) -> None:
                 f"op {op.name!r}: provider {provider!r} declined the call ({reason}); "
                 f"{decision.provider!r} runs instead (shown once; VLLM_IR_FALLBACK=allow silences it)",
                 FallbackWarning,
-                stacklevel=4,
+                stacklevel=_user_stacklevel(),
             )
+
+
+#: Frames of vllm_ir itself: its modules and its generated entry points.
+_OWN_CODE = (str(Path(__file__).resolve().parents[1]) + os.sep, "<vllm_ir.")
+
+
+def _user_stacklevel() -> int:
+    """``stacklevel`` for a warning raised in here that points at the caller's line."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_CODE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def retire(decisions: dict[tuple, Decision], op_name: str) -> None:

@@ -1,0 +1,220 @@
+"""The compiled cache-hit path (vllm_ir._fast_lookup) decides exactly like the Python path.
+
+The Python path is the reference: every call here is made through both and through
+`decide()` (no cache at all), over arguments that differ in each fact the key holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import vllm_ir
+from tests.ops_for_tests import rms_norm_impl
+from vllm_ir.ir import dispatch, fast_lookup, torch_library
+
+ROOT = Path(__file__).resolve().parents[1]
+op = vllm_ir.ops.rms_norm
+
+needs_extension = pytest.mark.skipif(
+    not fast_lookup.available(), reason=f"vllm_ir._fast_lookup: {fast_lookup.unavailable_reason}"
+)
+
+
+def test_the_dev_environment_runs_the_compiled_lookup():
+    # scripts/setup.sh builds it; a skip here (with the build's reason) means benchmarks and
+    # this suite measured and tested the pure-Python path only.
+    if not fast_lookup.available():
+        pytest.skip(f"vllm_ir._fast_lookup: {fast_lookup.unavailable_reason}")
+    assert fast_lookup.describe() == f"compiled (vllm_ir._fast_lookup, built for torch {torch.__version__})"
+    assert op._fast_lookup is not None
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: the compiled path leaves it to Python."""
+
+
+def _predicates():
+    """Each provider accepts calls that differ in exactly one key fact."""
+    return {
+        "p_meta": lambda x, weight, epsilon, variance_size=None: x.device.type == "meta",
+        "p_bf16": lambda x, weight, epsilon, variance_size=None: x.dtype == torch.bfloat16,
+        "p_strided": lambda x, weight, epsilon, variance_size=None: not x.is_contiguous() and x.stride(-1) != 1,
+        "p_rows": lambda x, weight, epsilon, variance_size=None: not x.is_contiguous(),
+        "p_3d": lambda x, weight, epsilon, variance_size=None: x.dim() == 3,
+        "p_no_weight": lambda x, weight, epsilon, variance_size=None: weight is None,
+        "p_eps": lambda x, weight, epsilon, variance_size=None: epsilon == 1e-5,
+        "p_variance": lambda x, weight, epsilon, variance_size=None: variance_size is not None,
+    }
+
+
+def _argument_grid():
+    layouts = {
+        "contiguous": lambda t: t,
+        "rows": lambda t: torch.cat([t, t], dim=-1)[..., : t.shape[-1]],  # unit inner stride, not contiguous
+        "strided": lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2),  # inner stride != 1
+    }
+    for dtype, layout, dim, weight, eps, variance, device in itertools.product(
+        (torch.float32, torch.bfloat16),
+        layouts,
+        (2, 3),
+        ("tensor", "parameter", None),
+        (1e-6, 1e-5),
+        (None, 8),
+        ("cpu", "meta"),
+    ):
+        shape = (4, 16) if dim == 2 else (2, 3, 16)
+        x = layouts[layout](torch.randn(*shape, dtype=dtype, device=device))
+        w = None if weight is None else torch.randn(16, dtype=dtype, device=device)
+        if weight == "parameter":
+            w = torch.nn.Parameter(w)
+        yield x, w, eps, variance
+    yield torch.randn(4, 16).as_subclass(Tagged), torch.randn(16), 1e-6, None
+
+
+@pytest.fixture
+def picky_providers(monkeypatch):
+    monkeypatch.setenv("VLLM_IR_FALLBACK", "allow")
+    vllm_ir.reload_env()
+    log: list[str] = []
+    for name, predicate in _predicates().items():
+
+        def body(x, weight, epsilon, variance_size=None, name=name):
+            log.append(name)
+            return op.fn(x, weight, epsilon, variance_size)
+
+        rms_norm_impl(name, body=body, supports_args=predicate)
+    vllm_ir.set_priority(rms_norm=list(_predicates()))
+    return log
+
+
+def _ran(log: list[str], fn, *args) -> str:
+    """The provider whose kernel ran for ``fn(*args)``."""
+    log.clear()
+    fn(*args)
+    return log[-1] if log else "native"
+
+
+def test_compiled_and_python_paths_choose_like_decide(picky_providers):
+    python_call, _ = dispatch.build_entry_points(
+        op, torch_library.overload("rms_norm"), torch_library.overload("rms_norm"), None
+    )
+    log = picky_providers
+    seen = set()
+    for args in _argument_grid():
+        expected = dispatch.decide(op, args).provider
+        seen.add(expected)
+        # Twice each: the first call may miss, the second hits the cache (and the last-hit memo).
+        got = [_ran(log, op, *args) for _ in range(2)]
+        got += [_ran(log, python_call, op, *args) for _ in range(2)]
+        assert got == [expected] * 4, (expected, got, [type(a) for a in args])
+    assert seen == {*_predicates(), "native"}  # the grid reaches every provider
+
+
+def test_alternating_signatures_and_priority_changes_never_serve_a_stale_decision(picky_providers):
+    log = picky_providers
+    fp32 = (torch.randn(4, 16), torch.randn(16), 1e-6)
+    bf16 = (torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16), 1e-6)
+    assert [_ran(log, op, *a) for a in (fp32, bf16, fp32, fp32, bf16)] == [
+        "native",
+        "p_bf16",
+        "native",
+        "native",
+        "p_bf16",
+    ]
+    vllm_ir.set_priority(rms_norm=["p_no_weight"])
+    assert _ran(log, op, *bf16) == "native"
+    rms_norm_impl("late_arrival", body=lambda *a: log.append("late_arrival") or op.fn(*a))
+    vllm_ir.set_priority(rms_norm=["late_arrival"])
+    assert _ran(log, op, *bf16) == "late_arrival"
+    with vllm_ir.priority(rms_norm=["p_bf16"]):
+        assert _ran(log, op, *bf16) == "p_bf16"
+        assert _ran(log, op, *fp32) == "late_arrival"
+    assert _ran(log, op, *bf16) == "late_arrival"
+
+
+def test_equal_scalars_share_a_decision_and_unequal_ones_do_not(picky_providers):
+    log = picky_providers
+    x, w = torch.randn(4, 16), torch.randn(16)
+    assert _ran(log, op, x, w, 1e-5) == "p_eps"
+    assert _ran(log, op, x, w, float("1e-5")) == "p_eps"  # another float object, equal
+    assert _ran(log, op, x, w, 1e-6) == "native"
+    assert _ran(log, op, x, w, 1e-6, 8) == "p_variance"
+
+
+class _Recording(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@needs_extension
+def test_a_dispatch_mode_sees_the_ir_op_even_when_the_decision_is_cached():
+    x, w = torch.randn(4, 16), torch.randn(16)
+    op(x, w, 1e-6)
+    op(x, w, 1e-6)  # cached in C now
+    with _Recording() as mode:
+        op(x, w, 1e-6)
+    assert mode.ops[0] == "vllm_ir.rms_norm.default"
+
+
+def test_bad_arguments_get_the_python_error_through_the_compiled_path(picky_providers):
+    x, w = torch.randn(4, 16), torch.randn(16)  # a predicate runs: the key is built
+    op(x, w, 1e-6)
+    with pytest.raises(TypeError, match="op 'rms_norm': argument 'weight' must be a Tensor, got int"):
+        op(x, 3, 1e-6)
+    with pytest.raises(TypeError, match="unhashable"):
+        op(x, w, [1e-6])
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "VLLM_IR_DISABLE_PLUGIN_AUTOLOAD": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@needs_extension
+def test_an_extension_built_for_another_torch_is_refused_and_python_runs():
+    result = _run(
+        "import torch; torch.__version__ = '9.9.9'\n"
+        "import vllm_ir; from vllm_ir.ir import fast_lookup\n"
+        "print(fast_lookup.describe())\n"
+        "print(vllm_ir.ops.rms_norm(torch.ones(2, 8), None, 1e-6).sum().item())\n"
+    )
+    assert result.returncode == 0, result.stderr
+    detail, value = result.stdout.splitlines()
+    assert detail == (
+        "pure Python (not loadable: vllm_ir._fast_lookup was built for torch "
+        f"{torch.__version__} but torch 9.9.9 is running)"
+    )
+    assert float(value) == pytest.approx(16.0, rel=1e-4)
+
+
+def test_the_pure_python_path_passes_the_dispatch_tests():
+    """VLLM_IR_FAST_LOOKUP=0 (or no extension) must behave identically: run the suites again."""
+    tests = ["tests/test_dispatch.py", "tests/test_semantics.py", "tests/test_priority.py", __file__]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not pure_python", *tests],
+        cwd=ROOT,
+        env={**os.environ, "VLLM_IR_FAST_LOOKUP": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout.splitlines()[-1]
