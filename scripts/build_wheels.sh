@@ -14,7 +14,8 @@ for dir in . providers/*/ examples/*/; do
     scratch=$(mktemp -d)
     if [ "$dir" = "." ]; then
       tar --exclude=./.venv --exclude=./.git --exclude=./dist --exclude=./providers --exclude=./examples \
-          --exclude='*.egg-info' --exclude=__pycache__ --exclude=./build -cf - . | tar -xf - -C "$scratch"
+          --exclude='*.egg-info' --exclude=__pycache__ --exclude=./build --exclude='*.so' -cf - . \
+        | tar -xf - -C "$scratch"
     else
       tar -C "$dir" --exclude=build --exclude='*.egg-info' --exclude=__pycache__ --exclude='*.so' -cf - . \
         | tar -xf - -C "$scratch"

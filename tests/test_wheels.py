@@ -78,9 +78,11 @@ def test_wheels_hold_only_what_belongs(wheels):
         assert payload and all(n.startswith(package + "/") for n in payload), (dist, payload)
         assert not any("/tests/" in n or "/build/" in n or n.endswith(".pyc") for n in names), dist
         assert any(n.endswith("entry_points.txt") for n in names), dist
-        assert any(n.endswith(".so") for n in names) == (dist == "vllm-ir-provider-vllm-c"), dist
+        # Compiled parts: vllm_c's kernels and the core's eager lookup, both built for this torch.
+        assert any(n.endswith(".so") for n in names) == (dist in ("vllm-ir", "vllm-ir-provider-vllm-c")), dist
     core = zipfile.ZipFile(found["vllm_ir"])
     assert "vllm_ir/py.typed" in core.namelist()
+    assert any(n.startswith("vllm_ir/_fast_lookup.") and n.endswith(".so") for n in core.namelist())
     meta = core.read(next(n for n in core.namelist() if n.endswith("METADATA"))).decode()
     assert "Requires-Python: >=3.10" in meta and "License-Expression: Apache-2.0" in meta
     entry_points = core.read(next(n for n in core.namelist() if n.endswith("entry_points.txt"))).decode()
@@ -111,6 +113,8 @@ def test_providers_list_and_eager_dispatch_per_provider(venv):
         "xpu_kernels": "unsupported here",
         "oot_example": "unsupported here",
     }
+    lookup = json.loads(sh(cli, "doctor", "--json", cwd=venv).stdout)["eager_lookup"]
+    assert lookup["compiled"], lookup["detail"]
     script = """
 import torch, vllm_ir
 for provider in ("aten", "inductor", "vllm_c"):
