@@ -24,6 +24,8 @@ class Timing:
     p10_us: float
     p90_us: float
     samples: int
+    #: Distribution-free 95% confidence interval of the median (order statistics n/2 -+ 0.98 sqrt(n)).
+    median_ci_us: tuple[float, float] = (float("nan"), float("nan"))
 
 
 def time_call(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, inner: int = 1) -> Timing:
@@ -69,7 +71,11 @@ def paired_overhead(
 
 def _summarize(samples: list[float]) -> Timing:
     q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else [samples[0]] * 9
-    return Timing(statistics.median(samples), q[0], q[-1], len(samples))
+    ordered = sorted(samples)
+    n = len(ordered)
+    half_width = 0.98 * n**0.5
+    low, high = max(0, int(n / 2 - half_width)), min(n - 1, int(n / 2 + half_width))
+    return Timing(statistics.median(samples), q[0], q[-1], n, (ordered[low], ordered[high]))
 
 
 def machine_summary() -> str:
