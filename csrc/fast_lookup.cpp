@@ -37,29 +37,34 @@ constexpr int kDeviceIndexBits = 8;
 constexpr int kDimBits = 7;
 
 // The packed facts of an exact torch.Tensor / nn.Parameter, or -1 when Python must look
-// (not strided, or a fact too large for its field).
-long pack_tensor(PyObject* obj) {
-  const at::Tensor& t = THPVariable_Unpack(obj);
-  if (t.layout() != c10::kStrided) {
+// (not strided, a fact too large for its field, or a tensor whose facts throw: functorch
+// wrappers and the like; Python then reports or handles it).
+long pack_tensor(PyObject* obj) noexcept {
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.layout() != c10::kStrided) {
+      return -1;
+    }
+    const long dtype = static_cast<long>(t.scalar_type());
+    const c10::Device device = t.device();
+    const long device_type = static_cast<long>(device.type());
+    const long device_index = static_cast<long>(device.index()) + 1;
+    const long dim = static_cast<long>(t.dim());
+    if (dtype >= (1L << kDtypeBits) || device_type >= (1L << kDeviceTypeBits) || device_index < 0 ||
+        device_index >= (1L << kDeviceIndexBits) || dim >= (1L << kDimBits)) {
+      return -1;
+    }
+    const long layout = t.is_contiguous() ? 1 : (t.stride(-1) == 1 ? 2 : 0);
+    int shift = 0;
+    long packed = dtype;
+    packed |= device_type << (shift += kDtypeBits);
+    packed |= device_index << (shift += kDeviceTypeBits);
+    packed |= dim << (shift += kDeviceIndexBits);
+    packed |= layout << (shift += kDimBits);
+    return packed;
+  } catch (...) {
     return -1;
   }
-  const long dtype = static_cast<long>(t.scalar_type());
-  const c10::Device device = t.device();
-  const long device_type = static_cast<long>(device.type());
-  const long device_index = static_cast<long>(device.index()) + 1;
-  const long dim = static_cast<long>(t.dim());
-  if (dtype >= (1L << kDtypeBits) || device_type >= (1L << kDeviceTypeBits) || device_index < 0 ||
-      device_index >= (1L << kDeviceIndexBits) || dim >= (1L << kDimBits)) {
-    return -1;
-  }
-  const long layout = t.is_contiguous() ? 1 : (t.stride(-1) == 1 ? 2 : 0);
-  int shift = 0;
-  long packed = dtype;
-  packed |= device_type << (shift += kDtypeBits);
-  packed |= device_index << (shift += kDeviceTypeBits);
-  packed |= dim << (shift += kDeviceIndexBits);
-  packed |= layout << (shift += kDimBits);
-  return packed;
 }
 
 struct Lookup {

@@ -121,6 +121,22 @@ def test_compiled_and_python_paths_choose_like_decide(picky_providers):
     assert seen == {*_predicates(), "native"}  # the grid reaches every provider
 
 
+def test_vmap_dispatches_on_the_per_example_tensor_on_both_paths(picky_providers):
+    python_call, _ = dispatch.build_entry_points(
+        op, torch_library.overload("rms_norm"), torch_library.overload("rms_norm"), None
+    )
+    log, w = picky_providers, torch.randn(16)
+    batch = torch.randn(3, 4, 16)
+    for entry, args in ((op, ()), (python_call, (op,))):
+        for _ in range(2):
+            log.clear()
+            out = torch.vmap(lambda x, entry=entry, args=args: entry(*args, x, w, 1e-6))(batch)
+            assert log == [] and out.shape == batch.shape  # 2-D per example: native (which logs nothing)
+            log.clear()
+            torch.vmap(lambda x, entry=entry, args=args: entry(*args, x, w, 1e-6))(batch.unsqueeze(1))
+            assert log == ["p_3d"]
+
+
 def test_alternating_signatures_and_priority_changes_never_serve_a_stale_decision(picky_providers):
     log = picky_providers
     fp32 = (torch.randn(4, 16), torch.randn(16), 1e-6)
