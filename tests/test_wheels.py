@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -90,6 +92,23 @@ def test_wheels_hold_only_what_belongs(wheels):
     native = zipfile.ZipFile(found["vllm_ir_provider_native"])
     native_meta = native.read(next(n for n in native.namelist() if n.endswith("METADATA"))).decode()
     assert "Requires-Dist: vllm-ir<0.2,>=0.1" in native_meta
+
+
+@pytest.mark.parametrize("project", [".", "providers/vllm_c"])
+def test_sdists_carry_every_compiled_source(project, tmp_path):
+    # setup.py names only the sources this machine builds (no CUDA here; none without torch):
+    # MANIFEST.in must ship the rest, or a wheel built from the sdist silently lacks them.
+    # From a clean copy: an egg-info left by an editable install would list the files itself.
+    source = tmp_path / "src"
+    ignore = shutil.ignore_patterns("*.egg-info", "build", "*.so", "__pycache__", ".*", "providers", "examples")
+    shutil.copytree(REPO / project, source, ignore=ignore)
+    sh(sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", tmp_path, source,
+       env={"VLLM_IR_BUILD_EXTENSION": "0", "VLLM_IR_C_CUDA": "0"})  # fmt: skip
+    (sdist,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        shipped = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    sources = {str(p.relative_to(REPO / project)) for p in (REPO / project / "csrc").rglob("*") if p.is_file()}
+    assert sources and sources <= shipped, sorted(sources - shipped)
 
 
 def test_installed_from_wheels_not_editable(venv):
