@@ -327,6 +327,7 @@ PyMODINIT_FUNC PyInit__fast_lookup(void) {
   LookupType.tp_traverse = Lookup_traverse;
   LookupType.tp_clear = Lookup_clear;
   LookupType.tp_dealloc = Lookup_dealloc;
+  LookupType.tp_free = PyObject_GC_Del;
   if (PyType_Ready(&LookupType) < 0) {
     return nullptr;
   }

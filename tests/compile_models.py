@@ -228,6 +228,13 @@ def count_ir_nodes(code: str) -> int:
 # Measuring
 
 
+def compile_with_passes(fn, **options):
+    """``torch.compile`` with vllm-ir's passes from a fresh Dynamo state, and their record."""
+    torch._dynamo.reset()
+    opts = vllm_ir.inductor_options(**options)
+    return torch.compile(fn, options=opts), vllm_ir.passes.record_of(opts)
+
+
 @contextlib.contextmanager
 def passes_always_run() -> Iterator[None]:
     """Turn off Inductor's FX graph and AOTAutograd caches, so every compile runs the passes.

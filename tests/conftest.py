@@ -50,3 +50,26 @@ def clean_state(monkeypatch):
     vllm_ir.clear_priority()
     vllm_ir.reload_env()
     vllm_ir.reset_dispatch_stats()
+
+
+@pytest.fixture(scope="module")
+def compile_test_providers():
+    """compile_models' opaque and in-place test kernels, for a whole module.
+
+    Module-scoped, so they are registered before `clean_state` snapshots the registry and
+    survive its per-test restore. Use with ``pytestmark = pytest.mark.usefixtures(...)``.
+    """
+    from tests.compile_models import register_test_providers, unregister_test_providers
+
+    register_test_providers()
+    yield
+    unregister_test_providers()
+
+
+@pytest.fixture(scope="module")
+def compile_test_providers_passes_forced(compile_test_providers):
+    """The test kernels, and Inductor's graph caches off so every compile runs the passes."""
+    from tests.compile_models import passes_always_run
+
+    with passes_always_run():
+        yield

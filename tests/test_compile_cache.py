@@ -14,7 +14,7 @@ from torch import Tensor
 from torch._dynamo.utils import counters
 
 import vllm_ir
-from tests.compile_models import KERNEL_CALLS, register_test_providers, unregister_test_providers
+from tests.compile_models import KERNEL_CALLS
 from vllm_ir import passes
 from vllm_ir.ir import priority as _priority
 
@@ -22,11 +22,7 @@ ops = vllm_ir.ops
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def providers():
-    register_test_providers()
-    yield
-    unregister_test_providers()
+pytestmark = pytest.mark.usefixtures("compile_test_providers")
 
 
 def _lowering_uuid() -> str:

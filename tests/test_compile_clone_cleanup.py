@@ -12,7 +12,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import vllm_ir
-from tests.compile_models import passes_always_run, register_test_providers, unregister_test_providers
+from tests.compile_models import passes_always_run
 from vllm_ir import passes
 from vllm_ir.passes.nodes import ir_nodes, mark_donated
 
@@ -21,11 +21,7 @@ EPS = 1e-6
 fused = ops.fused_add_rms_norm
 
 
-@pytest.fixture(scope="module", autouse=True)
-def providers():
-    register_test_providers()
-    yield
-    unregister_test_providers()
+pytestmark = pytest.mark.usefixtures("compile_test_providers")
 
 
 @pytest.fixture(autouse=True)

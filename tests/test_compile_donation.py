@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vllm_ir
-from tests.compile_models import passes_always_run, register_test_providers, unregister_test_providers
+from tests.compile_models import compile_with_passes
 from vllm_ir import passes
 
 ops = vllm_ir.ops
@@ -14,18 +14,7 @@ EPS = 1e-6
 W = torch.randn(16, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def providers():
-    register_test_providers()
-    with passes_always_run():
-        yield
-    unregister_test_providers()
-
-
-def _compile(fn):
-    torch._dynamo.reset()
-    opts = passes.inductor_options()
-    return torch.compile(fn, options=opts), passes.record_of(opts)
+pytestmark = pytest.mark.usefixtures("compile_test_providers_passes_forced")
 
 
 def _inputs(n=2):
@@ -34,7 +23,7 @@ def _inputs(n=2):
 
 
 def _donation_error(fn) -> vllm_ir.DonationError:
-    compiled, _ = _compile(fn)
+    compiled, _ = compile_with_passes(fn)
     with pytest.raises(vllm_ir.DonationError) as info:
         compiled(*_inputs())
     return info.value
@@ -115,7 +104,7 @@ def test_donated_inputs_of_every_graph_piece_are_updated_in_place():
     x, r = _inputs()
     expected = _reference(x, r)
     with vllm_ir.priority(fused_add_rms_norm=["test_inplace"]):
-        compiled, record = _compile(model)
+        compiled, record = compile_with_passes(model)
         xc, rc = x.clone(), r.clone()
         out = compiled(xc, rc)
     for a, b in zip(out, expected, strict=True):
@@ -143,7 +132,7 @@ def test_maybe_inplace_with_a_functional_kernel_adds_no_clone():
         return ops.fused_add_rms_norm.maybe_inplace(x * 2, r, W, EPS)
 
     x, r = _inputs()
-    compiled, record = _compile(model)
+    compiled, record = compile_with_passes(model)
     for a, b in zip(compiled(x, r.clone()), ops.fused_add_rms_norm.fn(x * 2, r, W, EPS), strict=True):
         torch.testing.assert_close(a, b)
     assert record.graphs[0].clones == []
@@ -189,7 +178,7 @@ def test_module_state_passed_to_maybe_inplace_is_never_overwritten():
     module = _DonatesItsBuffer()
     before = module.residual.clone()
     with vllm_ir.priority(fused_add_rms_norm=["test_inplace"]):
-        compiled, record = _compile(module)
+        compiled, record = compile_with_passes(module)
         with torch.no_grad():
             compiled(_inputs()[0])
     torch.testing.assert_close(module.residual, before)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from tests.compile_models import count_ir_nodes, passes_always_run, register_test_providers, unregister_test_providers
+from tests.compile_models import compile_with_passes, count_ir_nodes
 from vllm_ir import passes
 from vllm_ir.ir import priority as _priority
 
@@ -15,18 +15,7 @@ ops = vllm_ir.ops
 EPS = 1e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def providers():
-    register_test_providers()
-    with passes_always_run():
-        yield
-    unregister_test_providers()
-
-
-def _compile(fn, **options):
-    torch._dynamo.reset()
-    opts = passes.inductor_options(**options)
-    return torch.compile(fn, options=opts), passes.record_of(opts)
+pytestmark = pytest.mark.usefixtures("compile_test_providers_passes_forced")
 
 
 @pytest.mark.filterwarnings("ignore::vllm_ir.FallbackWarning")
@@ -60,7 +49,7 @@ def test_each_node_gets_the_provider_eager_dispatch_picks_for_its_arguments():
         expected = {}
         for name, args in calls:
             expected.setdefault(name, []).append(getattr(ops, name).dispatch(*args).provider)
-        compiled, record = _compile(model, fusions=[])
+        compiled, record = compile_with_passes(model, fusions=[])
         out = compiled(x, r, xb, rb, w, wb)
         eager = model(x, r, xb, rb, w, wb)
     selected = {op: list(nodes.values()) for op, nodes in record.selected_impls.items()}
@@ -88,7 +77,7 @@ def test_lowering_uses_compile_mode_defaults_and_eager_uses_eager_ones():
         assert ops.rms_norm.dispatch(x, w, EPS, mode="compile").provider == "test_opaque"
         eager_choice = ops.rms_norm.dispatch(x, w, EPS).provider
         assert eager_choice != "test_opaque"
-        compiled, record = _compile(lambda x, w: ops.rms_norm(x, w, EPS) * 2)
+        compiled, record = compile_with_passes(lambda x, w: ops.rms_norm(x, w, EPS) * 2)
         torch.testing.assert_close(compiled(x, w), ops.rms_norm(x, w, EPS) * 2)
     finally:
         _priority.set_defaults_source(previous)
@@ -102,7 +91,7 @@ def test_add_then_rms_norm_is_fused_and_keeps_values():
         return y, s * 3  # the sum is used afterwards: it becomes the fused op's new residual
 
     x, r, w = torch.randn(6, 32), torch.randn(6, 32), torch.randn(32)
-    compiled, record = _compile(model)
+    compiled, record = compile_with_passes(model)
     out = compiled(x, r, w)
     eager = model(x, r, w)
     for a, b in zip(out, eager, strict=True):
@@ -118,7 +107,7 @@ def test_broadcasting_add_is_not_fused():
         return ops.rms_norm(x + b, w, EPS)
 
     x, b, w = torch.randn(6, 32), torch.randn(32), torch.randn(32)
-    compiled, record = _compile(model)
+    compiled, record = compile_with_passes(model)
     torch.testing.assert_close(compiled(x, b, w), model(x, b, w))
     assert record.graphs[0].fusions == []
     assert list(record.graphs[0].selected_impls) == ["rms_norm"]
@@ -134,7 +123,7 @@ def test_a_node_that_cannot_be_lowered_fails_the_compile_with_the_node_list():
     ops.rms_norm.register_impl("untraceable")(_untraceable_rms_norm)
     x, w = torch.randn(4, 32), torch.randn(32)
     with vllm_ir.priority(rms_norm=["untraceable"]):
-        compiled, _record = _compile(lambda x, w: ops.rms_norm(x, w, EPS) + 1)
+        compiled, _record = compile_with_passes(lambda x, w: ops.rms_norm(x, w, EPS) + 1)
         with pytest.raises(Exception) as info:
             compiled(x, w)
     error = getattr(info.value, "inner_exception", info.value)
@@ -147,7 +136,7 @@ def test_on_unlowered_warn_keeps_the_node_opaque_and_correct():
     ops.rms_norm.register_impl("untraceable")(_untraceable_rms_norm)
     x, w = torch.randn(4, 32), torch.randn(32)
     with vllm_ir.priority(rms_norm=["untraceable"]):
-        compiled, record = _compile(lambda x, w: ops.rms_norm(x, w, EPS) + 1, on_unlowered="warn")
+        compiled, record = compile_with_passes(lambda x, w: ops.rms_norm(x, w, EPS) + 1, on_unlowered="warn")
         with pytest.warns(passes.UnloweredWarning, match="rms_norm"):
             out = compiled(x, w)
         torch.testing.assert_close(out, ops.rms_norm.fn(x, w, EPS) + 1)
@@ -195,7 +184,7 @@ def test_inplace_implementation_written_with_aten_out_ops_is_lowered():
     x, r = torch.randn(4, 32), torch.randn(4, 32)
     expected = ops.fused_add_rms_norm.fn(x * 2, r, w, EPS)
     with vllm_ir.priority(fused_add_rms_norm=["aten_inplace"]):
-        compiled, record = _compile(model)
+        compiled, record = compile_with_passes(model)
         out = compiled(x, r.clone())
     for a, b in zip(out, expected, strict=True):
         torch.testing.assert_close(a, b)
@@ -222,7 +211,7 @@ def test_real_cpp_kernels_stay_single_nodes_and_run_in_place():
     x = torch.randn(8, 64)
     with vllm_ir.priority(rms_norm=["vllm_c"], fused_add_rms_norm=["vllm_c"]), torch.no_grad():
         eager = model(x.clone())
-        compiled, record = _compile(model)
+        compiled, record = compile_with_passes(model)
         out = compiled(x.clone())
     torch.testing.assert_close(out, eager)
     report = record.graphs[0]

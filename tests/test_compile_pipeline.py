@@ -18,8 +18,6 @@ from tests.compile_models import (
     make_decoder,
     passes_always_run,
     peak_bytes,
-    register_test_providers,
-    unregister_test_providers,
 )
 from vllm_ir import passes
 
@@ -54,22 +52,17 @@ class Compiled:
             return self.model(x.clone()), self.compiled(x.clone())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def providers():
-    """Registered before the per-test registry snapshot of conftest, removed after the module."""
-    register_test_providers()
-    yield
-    unregister_test_providers()
+pytestmark = pytest.mark.usefixtures("compile_test_providers")
 
 
 @pytest.fixture(scope="module")
-def fp32(providers):
+def fp32(compile_test_providers):
     with passes_always_run():
         yield Compiled(torch.float32, layers=2)
 
 
 @pytest.fixture(scope="module")
-def bf16(providers):
+def bf16(compile_test_providers):
     with passes_always_run(), torch._inductor.config.patch(emulate_precision_casts=True):
         yield Compiled(torch.bfloat16, layers=1)
 
