@@ -31,6 +31,8 @@
 
 namespace {
 
+PyObject* compiling_flag_name = nullptr;  // interned "_is_compiling_flag"
+
 constexpr int kDtypeBits = 7;
 constexpr int kDeviceTypeBits = 6;
 constexpr int kDeviceIndexBits = 8;
@@ -72,6 +74,7 @@ struct Lookup {
   PyObject* fixed;  // dict: scope -> decision (the first candidate accepts every call)
   PyObject* cache;  // dict: key -> decision
   PyObject* scope;  // the contextvars.ContextVar holding the priority scope
+  PyObject* compiler_globals;  // torch.compiler's module dict: its _is_compiling_flag is read per call
   uint64_t tensor_mask;  // bit i: parameter i is a Tensor / Tensor | None
   Py_ssize_t nargs;
   PyObject* last_key;       // the key of the last dict hit, or NULL
@@ -123,12 +126,28 @@ PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
   return key;
 }
 
-bool check_nargs(Lookup* self, Py_ssize_t nargs, const char* method) {
+bool check_call(Lookup* self, Py_ssize_t nargs, const char* method) {
+  if (self->scope == nullptr) {
+    PyErr_Format(PyExc_TypeError, "Lookup.%s(): the Lookup was never initialized", method);
+    return false;
+  }
   if (nargs == self->nargs) {
     return true;
   }
   PyErr_Format(PyExc_TypeError, "Lookup.%s() takes %zd arguments, got %zd", method, self->nargs, nargs);
   return false;
+}
+
+// Replaces the memo with (key, decision), both stolen references or both NULL. Both fields
+// change before the old ones are released: releasing may run a finalizer that calls the op
+// again, which must see a consistent pair.
+void set_memo(Lookup* self, PyObject* key, PyObject* decision) {
+  PyObject* old_key = self->last_key;
+  PyObject* old_decision = self->last_decision;
+  self->last_key = key;
+  self->last_decision = decision;
+  Py_XDECREF(old_key);
+  Py_XDECREF(old_decision);
 }
 
 // 1 when this call has the same key as the last hit, else 0 (never an error: Python looks).
@@ -148,7 +167,13 @@ int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* 
       }
       continue;
     }
-    // Equal scalars hash equally, so this agrees with the dict lookup it short-cuts.
+    // Only builtin scalars of the same type compare by value: their == agrees with their
+    // hash, as the dict lookup this short-cuts requires (a tensor's == does not). Anything
+    // else equal by value but not identical goes to the dict.
+    PyTypeObject* type = Py_TYPE(arg);
+    if (type != Py_TYPE(item) || !(type == &PyFloat_Type || type == &PyLong_Type || type == &PyUnicode_Type)) {
+      return 0;
+    }
     const int equal = PyObject_RichCompareBool(arg, item, Py_EQ);
     if (equal <= 0) {
       PyErr_Clear();
@@ -161,11 +186,20 @@ int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* 
 // lookup(*args) -> the cached decision for this call, or None: Python takes over.
 PyObject* Lookup_lookup(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<Lookup*>(op);
-  if (!check_nargs(self, nargs, "lookup")) {
+  if (!check_call(self, nargs, "lookup")) {
     return nullptr;
   }
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
     Py_RETURN_NONE;  // tracing or a dispatch mode: the call must reach the torch op
+  }
+  // torch.compiler.is_compiling() without the Python call (Dynamo itself is checked before
+  // this call, by the generated entry point).
+  PyObject* compiling = PyDict_GetItemWithError(self->compiler_globals, compiling_flag_name);
+  if (compiling != Py_False) {
+    if (compiling == nullptr && PyErr_Occurred()) {
+      return nullptr;
+    }
+    Py_RETURN_NONE;  // compiling or exporting (or the flag is gone): the Python path decides
   }
   PyObject* scope = nullptr;
   if (PyContextVar_Get(self->scope, nullptr, &scope) < 0) {
@@ -196,23 +230,20 @@ PyObject* Lookup_lookup(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_Clear();  // an unhashable argument: Python's lookup raises the error in context
     Py_RETURN_NONE;
   }
-  Py_XSETREF(self->last_key, key);
-  Py_XSETREF(self->last_decision, Py_NewRef(decision));
+  set_memo(self, key, Py_NewRef(decision));
   return decision;
 }
 
 // forget(): drop the remembered last hit (the decision dicts are being cleared).
 PyObject* Lookup_forget(PyObject* op, PyObject*) {
-  auto* self = reinterpret_cast<Lookup*>(op);
-  Py_CLEAR(self->last_key);
-  Py_CLEAR(self->last_decision);
+  set_memo(reinterpret_cast<Lookup*>(op), nullptr, nullptr);
   Py_RETURN_NONE;
 }
 
 // key(scope, *args) -> the cache key Python stores a new decision under, or None.
 PyObject* Lookup_key(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<Lookup*>(op);
-  if (nargs < 1 || !check_nargs(self, nargs - 1, "key")) {
+  if (nargs < 1 || !check_call(self, nargs - 1, "key")) {
     if (!PyErr_Occurred()) {
       PyErr_SetString(PyExc_TypeError, "Lookup.key(scope, *args)");
     }
@@ -223,12 +254,12 @@ PyObject* Lookup_key(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
 
 int Lookup_init(PyObject* op, PyObject* args, PyObject* kwargs) {
   auto* self = reinterpret_cast<Lookup*>(op);
-  static const char* names[] = {"fixed", "cache", "scope", "tensor_mask", "nargs", nullptr};
-  PyObject *fixed, *cache, *scope;
+  static const char* names[] = {"fixed", "cache", "scope", "compiler_globals", "tensor_mask", "nargs", nullptr};
+  PyObject *fixed, *cache, *scope, *compiler_globals;
   unsigned long long mask;
   Py_ssize_t n;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OKn", const_cast<char**>(names), &PyDict_Type, &fixed,
-                                   &PyDict_Type, &cache, &scope, &mask, &n)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OO!Kn", const_cast<char**>(names), &PyDict_Type, &fixed,
+                                   &PyDict_Type, &cache, &scope, &PyDict_Type, &compiler_globals, &mask, &n)) {
     return -1;
   }
   if (!PyContextVar_CheckExact(scope)) {
@@ -242,8 +273,8 @@ int Lookup_init(PyObject* op, PyObject* args, PyObject* kwargs) {
   Py_XSETREF(self->fixed, Py_NewRef(fixed));
   Py_XSETREF(self->cache, Py_NewRef(cache));
   Py_XSETREF(self->scope, Py_NewRef(scope));
-  Py_CLEAR(self->last_key);
-  Py_CLEAR(self->last_decision);
+  Py_XSETREF(self->compiler_globals, Py_NewRef(compiler_globals));
+  set_memo(self, nullptr, nullptr);
   self->tensor_mask = mask;
   self->nargs = n;
   return 0;
@@ -254,6 +285,7 @@ int Lookup_traverse(PyObject* op, visitproc visit, void* arg) {
   Py_VISIT(self->fixed);
   Py_VISIT(self->cache);
   Py_VISIT(self->scope);
+  Py_VISIT(self->compiler_globals);
   Py_VISIT(self->last_key);
   Py_VISIT(self->last_decision);
   return 0;
@@ -264,8 +296,8 @@ int Lookup_clear(PyObject* op) {
   Py_CLEAR(self->fixed);
   Py_CLEAR(self->cache);
   Py_CLEAR(self->scope);
-  Py_CLEAR(self->last_key);
-  Py_CLEAR(self->last_decision);
+  Py_CLEAR(self->compiler_globals);
+  set_memo(self, nullptr, nullptr);
   return 0;
 }
 
@@ -317,10 +349,15 @@ PyMODINIT_FUNC PyInit__fast_lookup(void) {
   if (!check_torch_version()) {
     return nullptr;
   }
+  compiling_flag_name = PyUnicode_InternFromString("_is_compiling_flag");
+  if (compiling_flag_name == nullptr) {
+    return nullptr;
+  }
   LookupType.tp_name = "vllm_ir._fast_lookup.Lookup";
   LookupType.tp_basicsize = sizeof(Lookup);
   LookupType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  LookupType.tp_doc = "Lookup(fixed, cache, scope, tensor_mask, nargs): one op's decision cache, read from C.";
+  LookupType.tp_doc =
+      "Lookup(fixed, cache, scope, compiler_globals, tensor_mask, nargs): one op's decision cache, read from C.";
   LookupType.tp_methods = Lookup_methods;
   LookupType.tp_init = Lookup_init;
   LookupType.tp_new = PyType_GenericNew;

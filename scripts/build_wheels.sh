@@ -20,7 +20,8 @@ for dir in . providers/*/ examples/*/; do
       tar -C "$dir" --exclude=build --exclude='*.egg-info' --exclude=__pycache__ --exclude='*.so' -cf - . \
         | tar -xf - -C "$scratch"
     fi
-    MAX_JOBS=${MAX_JOBS:-2} "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$OUT" "$scratch"
+    # Released wheels must hold the core's compiled lookup: a failed build is an error here.
+    VLLM_IR_BUILD_EXTENSION=1 MAX_JOBS=${MAX_JOBS:-2} "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$OUT" "$scratch"
     rm -rf "$scratch"
   fi
 done

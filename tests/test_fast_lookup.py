@@ -168,6 +168,69 @@ def test_equal_scalars_share_a_decision_and_unequal_ones_do_not(picky_providers)
     assert _ran(log, op, x, w, 1e-6, 8) == "p_variance"
 
 
+def test_the_memo_never_treats_a_merely_equal_object_as_the_same_scalar(picky_providers):
+    # 0.5 == tensor(0.5) is truthy, but a dict keys the tensor apart (its hash is its identity):
+    # the memo must not hand the float's decision to the tensor.
+    log = picky_providers
+    rms_norm_impl(
+        "p_float_eps",
+        body=lambda *a: log.append("p_float_eps") or op.fn(*a),
+        supports_args=lambda x, weight, epsilon, variance_size=None: type(epsilon) is float,
+    )
+    vllm_ir.set_priority(rms_norm=["p_float_eps"])
+    x, w = torch.randn(4, 16), torch.randn(16)
+    assert [_ran(log, op, x, w, 0.5) for _ in range(2)] == ["p_float_eps"] * 2
+    assert _ran(log, op, x, w, torch.tensor(0.5)) == "native"
+    assert _ran(log, op, x, w, 0.5) == "p_float_eps"
+
+
+def test_a_call_racing_an_invalidation_cannot_leave_a_stale_memo(picky_providers, monkeypatch):
+    log = picky_providers
+    bf16 = (torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16), 1e-6)
+    assert [_ran(log, op, *bf16) for _ in range(2)] == ["p_bf16"] * 2
+    retire = dispatch.retire
+
+    def retire_while_another_call_runs(decisions, op_name):
+        op(*bf16)  # what another thread may do while the dicts are being cleared
+        retire(decisions, op_name)
+
+    monkeypatch.setattr(dispatch, "retire", retire_while_another_call_runs)
+    vllm_ir.set_priority(rms_norm=["p_no_weight"])
+    assert _ran(log, op, *bf16) == "native"
+
+
+def test_a_finalizer_calling_the_op_while_the_memo_changes(picky_providers):
+    log = picky_providers
+    fp32 = (torch.randn(4, 16), torch.randn(16))
+    bf16 = (fp32[0].bfloat16(), fp32[1].bfloat16())
+
+    class Eps(float):
+        def __del__(self):
+            op(*fp32, 0.5)  # re-enters the lookup while it replaces the remembered hit
+
+    for args in (fp32, fp32, bf16, bf16):
+        op(*args, 0.5)
+    op(*fp32, Eps(0.5))  # the remembered key now holds the only reference to the Eps
+    op(*bf16, 0.5)  # replacing the memo frees the Eps, whose __del__ calls the op
+    assert _ran(log, op, *fp32, 0.5) == "native"
+    assert _ran(log, op, *bf16, 0.5) == "p_bf16"
+
+
+def test_calls_while_torch_is_compiling_reach_the_torch_op(picky_providers, monkeypatch):
+    # torch.compiler.is_compiling() is true with no dispatch mode during compile and export
+    # sessions (a custom backend calling the op eagerly): the call must go through torch.ops.
+    asked = []
+    rms_norm_impl("p_counted", supports_args=lambda x, weight, epsilon, variance_size=None: asked.append(1) or True)
+    vllm_ir.set_priority(rms_norm=["p_counted"])
+    x, w = torch.randn(4, 16), torch.randn(16)
+    op(x, w, 1e-6)
+    op(x, w, 1e-6)
+    assert len(asked) == 1  # cached
+    monkeypatch.setattr(torch.compiler, fast_lookup.COMPILING_FLAG, True)
+    op(x, w, 1e-6)
+    assert len(asked) == 2  # the torch op's kernel decides afresh (no cache on that path)
+
+
 class _Recording(TorchDispatchMode):
     def __init__(self):
         super().__init__()

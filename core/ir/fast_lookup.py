@@ -14,17 +14,23 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import torch  # noqa: F401  (the extension links against torch's libraries: load them first)
+import torch  # also loads the libraries the extension links against
 
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
 
 ENV_VAR = "VLLM_IR_FAST_LOOKUP"
+#: What torch.compiler.is_compiling() returns outside TorchScript; the lookup reads it directly.
+COMPILING_FLAG = "_is_compiling_flag"
+#: The key holds one bit per parameter in a 64-bit mask; larger ops use the Python path.
+MAX_PARAMETERS = 64
 
 
 def _load() -> tuple[ModuleType | None, str | None]:
     if os.environ.get(ENV_VAR, "1") == "0":
         return None, f"turned off by {ENV_VAR}=0"
+    if not isinstance(vars(torch.compiler).get(COMPILING_FLAG), bool):
+        return None, f"torch {torch.__version__} has no torch.compiler.{COMPILING_FLAG}, which it reads"
     try:
         from vllm_ir import _fast_lookup
     except ModuleNotFoundError:
@@ -50,8 +56,8 @@ def describe() -> str:
 
 def make_lookup(op: IrOp, scope_var: Any) -> Any | None:
     """The C lookup over ``op``'s two decision dicts, or None without the extension."""
-    if _module is None:
-        return None
     names = list(op.signature.parameters)
+    if _module is None or len(names) > MAX_PARAMETERS:
+        return None
     mask = sum(1 << names.index(name) for name in op.tensor_params)
-    return _module.Lookup(op._fixed, op._decisions, scope_var, mask, len(names))
+    return _module.Lookup(op._fixed, op._decisions, scope_var, vars(torch.compiler), mask, len(names))

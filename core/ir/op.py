@@ -231,12 +231,12 @@ class IrOp:
         return decision.functional(*args)
 
     def _clear_decisions(self) -> None:
-        if self._fast_lookup is not None:
-            self._fast_lookup.forget()
         self._fixed.clear()
         if self._decisions:
             _dispatch.retire(self._decisions, self.name)
             self._decisions.clear()
+        if self._fast_lookup is not None:  # last: a lookup racing the clear may re-remember an old hit
+            self._fast_lookup.forget()
 
     def _check_activations(self, activations: Sequence[str] | None) -> tuple[str, ...]:
         names = list(self.signature.parameters)
