@@ -3,7 +3,7 @@
 Target (issue 2): at most 0.5 us extra per call, for [1, 4096] and [16, 4096] fp32 on CPU,
 both with priority [native] and with [a provider whose predicate declines, native].
 
-Four figures per case, all medians of interleaved side-by-side blocks:
+Five figures per case, all medians of interleaved side-by-side blocks:
 - "with kernel": op(x, w, eps) vs the native kernel called directly (the contract as stated;
   the kernel evicts the dispatcher's data from cache, so this includes those misses);
 - "object floor": the same against a callable object whose ``__call__`` only asks
@@ -11,7 +11,9 @@ Four figures per case, all medians of interleaved side-by-side blocks:
   that Dynamo can inline costs before any dispatching;
 - "dispatch only": the same priority with a no-op kernel, isolating the framework's own cost;
 - "pure Python": dispatch only through the Python reference path, which runs where the
-  vllm_ir._fast_lookup extension is not built (or VLLM_IR_FAST_LOOKUP=0).
+  vllm_ir._fast_lookup extension is not built (or VLLM_IR_FAST_LOOKUP=0);
+- "torch.ops path": dispatch only through ``torch.ops.vllm_ir.rms_norm.default``, the path of
+  a compiled graph that kept the IR node (the torch dispatcher, then the op's kernel).
 The first figure is stable within a process but differs between processes (0.15-0.6 us here
 for the same code: memory layout decides which of the dispatcher's cache lines the kernel
 evicts), so each case runs in several fresh processes and the median over them is reported
@@ -40,7 +42,7 @@ from vllm_ir.timing import machine_summary, paired_overhead
 
 TARGET_US = 0.5
 CASES = [(tokens, head) for tokens in (1, 16) for head in ((), ("bench_declines",))]
-COLUMNS = ("with kernel", "object floor", "dispatch only", "pure Python")
+COLUMNS = ("with kernel", "object floor", "dispatch only", "pure Python", "torch.ops path")
 
 
 def _register_bench_providers() -> None:
@@ -84,7 +86,7 @@ def measure_in_this_process(samples: int, inner: int) -> list[dict[str, float]]:
     _register_bench_providers()
     op = vllm_ir.ops.rms_norm
     overload = torch_library.overload("rms_norm")
-    python_entry, _ = dispatch.build_entry_points(op, overload, overload, None)
+    python_entry = dispatch.build_entry_points(op, overload, overload, None).call
 
     def python_path(x, w, eps):
         return python_entry(op, x, w, eps)
@@ -100,7 +102,8 @@ def measure_in_this_process(samples: int, inner: int) -> list[dict[str, float]]:
         vllm_ir.set_priority(rms_norm=[*head, "bench_noop"])
         bare = _measure(op, op.impls["bench_noop"].fn, x, w, samples, inner)
         python = _measure(python_path, op.impls["bench_noop"].fn, x, w, samples, inner)
-        medians = (real.median_us, floor.median_us, bare.median_us, python.median_us)
+        through_torch = _measure(overload, op.impls["bench_noop"].fn, x, w, samples, inner)
+        medians = (real.median_us, floor.median_us, bare.median_us, python.median_us, through_torch.median_us)
         rows.append(dict(zip(COLUMNS, medians, strict=True)))
     vllm_ir.clear_priority()
     return rows

@@ -193,3 +193,39 @@ def test_calls_under_tracing_record_one_ir_node():
     gm = make_fx(lambda x, w: op(x, w, eps))(x, w)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert targets == [torch.ops.vllm_ir.rms_norm.default]
+
+
+def test_the_torch_op_kernel_caches_its_decisions_and_follows_priority_changes():
+    """A graph that kept the IR node, or a direct torch.ops call, runs the op's kernel: it
+    decides like eager dispatch, caches per signature, and forgets on any priority change."""
+    asked = []
+
+    def counting(x, weight, epsilon, variance_size=None):
+        asked.append(variance_size)
+        return variance_size is None or Unsupported("no variance_size")
+
+    picky = rms_norm_impl("picky_kernel", supports_args=counting)
+    vllm_ir.set_priority(rms_norm=["picky_kernel"])
+    x, w, eps = x_w()
+    torch_op = torch.ops.vllm_ir.rms_norm.default
+    for _ in range(3):
+        torch.testing.assert_close(torch_op(x, w, eps), op.fn(x, w, eps))
+    assert asked == [None] and picky.calls == ["picky_kernel"] * 3
+    torch_op(x, w, eps, 8)  # the trailing default the dispatcher leaves out is part of the key
+    assert asked == [None, 8] and picky.calls == ["picky_kernel"] * 3
+    vllm_ir.set_priority(rms_norm=["native"])
+    torch_op(x, w, eps)
+    assert picky.calls == ["picky_kernel"] * 3
+
+
+def test_the_torch_op_kernel_applies_no_fallback_policy(monkeypatch):
+    # The policy belongs to eager calls and to lowering at compile time; a compiled graph
+    # that kept the node must not start raising at run time.
+    monkeypatch.setenv("VLLM_IR_FALLBACK", "error")
+    vllm_ir.reload_env()
+    rms_norm_impl("bf16_kernel", supports_args=_bf16_only)
+    vllm_ir.set_priority(rms_norm=["bf16_kernel"])
+    x, w, eps = x_w()
+    torch.testing.assert_close(torch.ops.vllm_ir.rms_norm.default(x, w, eps), op.fn(x, w, eps))
+    with pytest.raises(FallbackError):
+        op(x, w, eps)

@@ -106,9 +106,9 @@ def _ran(log: list[str], fn, *args) -> str:
 
 
 def test_compiled_and_python_paths_choose_like_decide(picky_providers):
-    python_call, _ = dispatch.build_entry_points(
+    python_call = dispatch.build_entry_points(
         op, torch_library.overload("rms_norm"), torch_library.overload("rms_norm"), None
-    )
+    ).call
     log = picky_providers
     seen = set()
     for args in _argument_grid():
@@ -122,9 +122,9 @@ def test_compiled_and_python_paths_choose_like_decide(picky_providers):
 
 
 def test_vmap_dispatches_on_the_per_example_tensor_on_both_paths(picky_providers):
-    python_call, _ = dispatch.build_entry_points(
+    python_call = dispatch.build_entry_points(
         op, torch_library.overload("rms_norm"), torch_library.overload("rms_norm"), None
-    )
+    ).call
     log, w = picky_providers, torch.randn(16)
     batch = torch.randn(3, 4, 16)
     for entry, args in ((op, ()), (python_call, (op,))):

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -115,6 +115,22 @@ def decide(op: IrOp, args: Sequence[Any], mode: Mode = "eager", scope: Any = Non
             return _make_decision(op, impl, tuple(skipped), cacheable)
         skipped.append((impl.provider, reason_of(verdict, "declined by supports_args")))
     raise AssertionError(f"op {op.name!r}: the native implementation must close every priority list")
+
+
+def decide_cached(op: IrOp, args: tuple) -> Decision:
+    """The decision for a call that reached the torch op's kernel (a graph that kept the IR
+    node, a direct ``torch.ops.vllm_ir`` call): cached like the eager path, but in its own
+    dict and without the fallback policy, exactly as an uncached `decide` would answer."""
+    scope = current_scope()
+    key = op._key(scope, *args)
+    decision = op._kernel_decisions.get(key)
+    if decision is None:
+        decision = decide(op, args, "eager", scope)
+        if decision.cacheable:
+            if len(op._kernel_decisions) >= MAX_CACHED_DECISIONS:
+                op._kernel_decisions.clear()
+            op._kernel_decisions[key] = decision
+    return decision
 
 
 def explain(op: IrOp, args: Sequence[Any], mode: Mode = "eager") -> Explanation:
@@ -259,9 +275,20 @@ def reset_dispatch_stats() -> None:
 # The generated hot path
 
 
+class EntryPoints(NamedTuple):
+    """The generated functions of one op."""
+
+    #: ``op(...)``, as a method: its first parameter is the op itself.
+    call: Callable[..., Any]
+    #: ``op.maybe_inplace(...)``.
+    maybe_inplace: Callable[..., Any]
+    #: ``key(scope, *args)``: the decision-cache key of a call (compiled where possible).
+    key: Callable[..., Any]
+
+
 def build_entry_points(
     op: IrOp, torch_default: Callable[..., Any], torch_maybe_inplace: Callable[..., Any], lookup: Any | None
-) -> tuple[Callable[..., Any], Callable[..., Any]]:
+) -> EntryPoints:
     """Generate ``op(...)`` and ``op.maybe_inplace(...)`` with the op's exact parameters.
 
     ``op(...)`` is returned as a method (first parameter the op itself) so that it can be
@@ -307,9 +334,11 @@ def build_entry_points(
         f"        raise\n"
     )
     key = f"_python_key(scope, {call})"
+    key_function = env["_python_key"] = _define(op, "python_key", "_python_key", key_fn, env)
     if lookup is not None:
         key = f"_compiled_key(scope, {call}) or {key}"
-    env["_python_key"] = _define(op, "key", "_python_key", key_fn, env)
+        key_source = f"def _key(scope, {call}):\n    return {key}\n"
+        key_function = _define(op, "key", "_key", key_source, env)
     signature = ", ".join(params)
     entries = []
     for overload, head, torch_fn, runner in (
@@ -324,7 +353,7 @@ def build_entry_points(
         python_path = _define(op, f"{overload}.python", op.name, source, env)
         source = _fast_path(op.name, head + signature, call, torch_fn, runner)
         entries.append(_define(op, overload, op.name, source, dict(env, _python_path=python_path)))
-    return entries[0], entries[1]
+    return EntryPoints(entries[0], entries[1], key_function)
 
 
 def _python_path(name: str, signature: str, call: str, key: str, torch_fn: str, runner: str) -> str:

@@ -63,6 +63,13 @@ class IrOp:
         self.tensor_param_indices = tuple(names.index(t) for t in self.tensor_params)
         self._decisions: dict[tuple, _dispatch.Decision] = {}
         self._fixed: dict[object, _dispatch.Decision] = {}
+        #: Decisions of calls that came through the torch op's kernel (see `_run_functional`).
+        self._kernel_decisions: dict[tuple, _dispatch.Decision] = {}
+        #: ``key(scope, *args)`` of the generated hot path; set by `register_op`.
+        self._key: Callable[..., Any] = lambda *args: None
+        params = list(self.signature.parameters.values())
+        self._defaults = tuple(p.default for p in params)
+        self._required = sum(p.default is inspect.Parameter.empty for p in params)
         #: The compiled reader of the two dicts above (None: pure Python); see fast_lookup.
         self._fast_lookup = fast_lookup.make_lookup(self, _priority.scope_var)
         self._tolerances: dict[torch.dtype, tuple[float, float]] = {}
@@ -225,12 +232,19 @@ class IrOp:
         return tuple(bound.arguments.values())
 
     def _run_functional(self, *args: Any) -> Any:
-        """Kernel behind ``torch.ops.vllm_ir.<op>`` when the dispatcher is used."""
-        args = self._bind(args)
-        decision = _dispatch.decide(self, args, "eager", _priority.current_scope())
-        return decision.functional(*args)
+        """Kernel behind ``torch.ops.vllm_ir.<op>`` when the dispatcher is used.
+
+        The dispatcher passes the arguments positionally, without trailing ones left at their
+        defaults; filling those in directly saves the cost of ``Signature.bind``.
+        """
+        if self._required <= len(args) < len(self._defaults):
+            args = args + self._defaults[len(args) :]
+        elif len(args) != len(self._defaults):
+            args = self._bind(args)
+        return _dispatch.decide_cached(self, args).functional(*args)
 
     def _clear_decisions(self) -> None:
+        self._kernel_decisions.clear()
         self._fixed.clear()
         if self._decisions:
             _dispatch.retire(self._decisions, self.name)
@@ -306,12 +320,13 @@ def register_op(
         inplace_overload = (
             torch_library.overload(op_name, torch_library.MAYBE_INPLACE) if allow_inplace else default_overload
         )
-        call, call_maybe_inplace = _dispatch.build_entry_points(op, default_overload, inplace_overload, op._fast_lookup)
+        entries = _dispatch.build_entry_points(op, default_overload, inplace_overload, op._fast_lookup)
+        op._key = entries.key
         # Per-op subclass: ``op(...)`` goes straight into the generated hot path.
-        op.__class__ = type(f"IrOp_{op_name}", (IrOp,), {"__call__": call, "__slots__": ()})
+        op.__class__ = type(f"IrOp_{op_name}", (IrOp,), {"__call__": entries.call, "__slots__": ()})
         op._library = lib
         if allow_inplace:
-            op.maybe_inplace = call_maybe_inplace
+            op.maybe_inplace = entries.maybe_inplace
         registry.add_op(op)
         return op
 
