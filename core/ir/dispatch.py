@@ -122,6 +122,7 @@ def decide_cached(op: IrOp, args: tuple) -> Decision:
     node, a direct ``torch.ops.vllm_ir`` call): cached like the eager path, but in its own
     dict and without the fallback policy, exactly as an uncached `decide` would answer."""
     scope = current_scope()
+    assert op._key is not None, "register_op sets the key function before the op can be called"
     key = op._key(scope, *args)
     decision = op._kernel_decisions.get(key)
     if decision is None:

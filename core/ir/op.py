@@ -65,8 +65,8 @@ class IrOp:
         self._fixed: dict[object, _dispatch.Decision] = {}
         #: Decisions of calls that came through the torch op's kernel (see `_run_functional`).
         self._kernel_decisions: dict[tuple, _dispatch.Decision] = {}
-        #: ``key(scope, *args)`` of the generated hot path; set by `register_op`.
-        self._key: Callable[..., Any] = lambda *args: None
+        #: ``key(scope, *args)`` of the generated hot path; `register_op` sets it.
+        self._key: Callable[..., Any] | None = None
         params = list(self.signature.parameters.values())
         self._defaults = tuple(p.default for p in params)
         self._required = sum(p.default is inspect.Parameter.empty for p in params)
