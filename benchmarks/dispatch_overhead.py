@@ -122,9 +122,10 @@ def main() -> None:
         json.dump(measure_in_this_process(args.samples, args.inner), sys.stdout)
         return
     worker = [sys.executable, __file__, "--worker", *sys.argv[1:]]
-    runs = [json.loads(subprocess.run(worker, check=True, capture_output=True, text=True).stdout)]
-    while len(runs) < args.processes:
-        runs.append(json.loads(subprocess.run(worker, check=True, capture_output=True, text=True).stdout))
+    runs = [
+        json.loads(subprocess.run(worker, check=True, capture_output=True, text=True).stdout)
+        for _ in range(max(1, args.processes))
+    ]
 
     print(machine_summary())
     print(f"eager dispatch lookup: {fast_lookup.describe()}")

@@ -98,6 +98,12 @@ def picky_providers(monkeypatch):
     return log
 
 
+def _pure_python_entry():
+    """``op.__call__`` as generated without the compiled lookup (call it as ``entry(op, ...)``)."""
+    overload = torch_library.overload("rms_norm")
+    return dispatch.build_entry_points(op, overload, overload, None).call
+
+
 def _ran(log: list[str], fn, *args) -> str:
     """The provider whose kernel ran for ``fn(*args)``."""
     log.clear()
@@ -106,9 +112,7 @@ def _ran(log: list[str], fn, *args) -> str:
 
 
 def test_compiled_and_python_paths_choose_like_decide(picky_providers):
-    python_call = dispatch.build_entry_points(
-        op, torch_library.overload("rms_norm"), torch_library.overload("rms_norm"), None
-    ).call
+    python_call = _pure_python_entry()
     log = picky_providers
     seen = set()
     for args in _argument_grid():
@@ -122,9 +126,7 @@ def test_compiled_and_python_paths_choose_like_decide(picky_providers):
 
 
 def test_vmap_dispatches_on_the_per_example_tensor_on_both_paths(picky_providers):
-    python_call = dispatch.build_entry_points(
-        op, torch_library.overload("rms_norm"), torch_library.overload("rms_norm"), None
-    ).call
+    python_call = _pure_python_entry()
     log, w = picky_providers, torch.randn(16)
     batch = torch.randn(3, 4, 16)
     for entry, args in ((op, ()), (python_call, (op,))):
