@@ -5,6 +5,7 @@ y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
 print(vllm_ir.ops.rms_norm.explain(x, weight, 1e-6))
 """
 
+from vllm_ir import log as _log
 from vllm_ir import plugins as _plugins
 from vllm_ir.errors import (
     DonationError,
@@ -41,6 +42,7 @@ from vllm_ir.plugins import (
     provider_records,
 )
 
+_log.configure_from_env()
 _plugins.install()
 
 #: Loaded on first use: the compile pipeline imports Inductor, which ``import vllm_ir`` must not pay for.
