@@ -46,3 +46,7 @@ class DonationError(VllmIrError, RuntimeError):
 
 class FallbackWarning(UserWarning):
     """A higher-priority provider declined a call and a lower one ran (``VLLM_IR_FALLBACK=warn``)."""
+
+
+class ProviderWarning(UserWarning):
+    """A provider misbehaved (e.g. its predicate raised) and was skipped; shown once per op and provider."""

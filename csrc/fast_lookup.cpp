@@ -6,21 +6,30 @@
 //
 // The pure-Python path in vllm_ir/ir/dispatch.py stays the reference: this module only ever
 // answers with a cached decision or "ask Python" (None). Python handles misses, tracing,
-// tensor subclasses, tensor lists and every error, and stores its decisions under the keys
-// built by `Lookup.key`, so both paths share one cache.
+// calls that need autograd, tensor subclasses, tensor lists and every error, and stores its
+// decisions under the keys built by `Lookup.key`, so both paths share one cache.
 //
 // Most call sites call an op with one signature over and over (every layer's norm), so the
 // last hit is kept and compared field by field first: no key, no hashing, no allocation.
 // Python calls `forget()` whenever it clears the decision dicts.
 //
-// Key layout: (scope, a0, a1, ...) where a tensor argument becomes one int packing
-// dtype | device type | device index + 1 | number of dimensions | layout class, and any
-// other argument is itself. Layout class: 1 contiguous, 2 unit inner stride, 0 other.
+// Key layout: (scope, a0, a1, ...) where a tensor argument becomes the bytes of its facts
+// (see tensor_facts: the same facts as vllm_ir.ir.cache_key.tensor_facts in Python: dtype,
+// device, every dimension except the leading token dimension of token tensors, every stride)
+// and any other argument is itself.
+//
+// donation_conflict() is the cheap aliasing check of `maybe_inplace` calls (see
+// vllm_ir.ir.aliasing for the Python reference it must agree with).
 
 #include <Python.h>
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
 
 #include <cstdint>
 #include <cstring>
@@ -33,37 +42,45 @@ namespace {
 
 PyObject* compiling_flag_name = nullptr;  // interned "_is_compiling_flag"
 
-constexpr int kDtypeBits = 7;
-constexpr int kDeviceTypeBits = 6;
-constexpr int kDeviceIndexBits = 8;
-constexpr int kDimBits = 7;
+constexpr int kDtypeBits = 8;
+constexpr int kDeviceTypeBits = 8;
+constexpr int kDeviceIndexBits = 9;
+//: Tensors with more dimensions go to Python (the facts buffer lives on the stack).
+constexpr int64_t kMaxDims = 24;
+constexpr Py_ssize_t kMaxFacts = 1 + 2 * kMaxDims;
 
-// The packed facts of an exact torch.Tensor / nn.Parameter, or -1 when Python must look
-// (not strided, a fact too large for its field, or a tensor whose facts throw: functorch
-// wrappers and the like; Python then reports or handles it).
-long pack_tensor(PyObject* obj) noexcept {
+// Writes the facts of an exact torch.Tensor / nn.Parameter into `facts` and returns how many,
+// or -1 when Python must look (not strided, too many dimensions, a field too large, or a
+// tensor whose facts throw: functorch wrappers and the like). `token`: the leading
+// dimension is the token (batch) count, which predicates must not read, so it is left out.
+Py_ssize_t tensor_facts(PyObject* obj, bool token, int64_t* facts) noexcept {
   try {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.layout() != c10::kStrided) {
       return -1;
     }
-    const long dtype = static_cast<long>(t.scalar_type());
+    const int64_t dtype = static_cast<int64_t>(t.scalar_type());
     const c10::Device device = t.device();
-    const long device_type = static_cast<long>(device.type());
-    const long device_index = static_cast<long>(device.index()) + 1;
-    const long dim = static_cast<long>(t.dim());
+    const int64_t device_type = static_cast<int64_t>(device.type());
+    const int64_t device_index = static_cast<int64_t>(device.index()) + 1;
+    const int64_t dim = t.dim();
     if (dtype >= (1L << kDtypeBits) || device_type >= (1L << kDeviceTypeBits) || device_index < 0 ||
-        device_index >= (1L << kDeviceIndexBits) || dim >= (1L << kDimBits)) {
+        device_index >= (1L << kDeviceIndexBits) || dim > kMaxDims) {
       return -1;
     }
-    const long layout = t.is_contiguous() ? 1 : (t.stride(-1) == 1 ? 2 : 0);
-    int shift = 0;
-    long packed = dtype;
-    packed |= device_type << (shift += kDtypeBits);
-    packed |= device_index << (shift += kDeviceTypeBits);
-    packed |= dim << (shift += kDeviceIndexBits);
-    packed |= layout << (shift += kDimBits);
-    return packed;
+    // The header also records the number of dimensions, so [T] and 0-d differ.
+    facts[0] = dtype | device_type << kDtypeBits | device_index << (kDtypeBits + kDeviceTypeBits) |
+               dim << (kDtypeBits + kDeviceTypeBits + kDeviceIndexBits);
+    Py_ssize_t n = 1;
+    const auto sizes = t.sizes();
+    const auto strides = t.strides();
+    for (int64_t d = (token && dim > 0) ? 1 : 0; d < dim; ++d) {
+      facts[n++] = sizes[d];
+    }
+    for (int64_t d = 0; d < dim; ++d) {
+      facts[n++] = strides[d];
+    }
+    return n;
   } catch (...) {
     return -1;
   }
@@ -76,6 +93,7 @@ struct Lookup {
   PyObject* scope;  // the contextvars.ContextVar holding the priority scope
   PyObject* compiler_globals;  // torch.compiler's module dict: its _is_compiling_flag is read per call
   uint64_t tensor_mask;  // bit i: parameter i is a Tensor / Tensor | None
+  uint64_t token_mask;   // bit i: parameter i's leading dimension is the token count
   Py_ssize_t nargs;
   PyObject* last_key;       // the key of the last dict hit, or NULL
   PyObject* last_decision;  // its decision
@@ -97,12 +115,13 @@ PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
       if (arg == Py_None) {
         item = Py_NewRef(arg);
       } else if (THPVariable_CheckExact(arg)) {  // subclasses may redefine any fact: Python looks
-        const long packed = pack_tensor(arg);
-        if (packed < 0) {
+        int64_t facts[kMaxFacts];
+        const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, facts);
+        if (n < 0) {
           complete = false;
           continue;
         }
-        item = PyLong_FromLong(packed);
+        item = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(facts), n * sizeof(int64_t));
         if (item == nullptr) {
           Py_DECREF(key);
           return nullptr;
@@ -162,7 +181,13 @@ int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* 
       continue;
     }
     if (self->tensor_mask >> i & 1) {
-      if (arg == Py_None || item == Py_None || !THPVariable_CheckExact(arg) || pack_tensor(arg) != PyLong_AsLong(item)) {
+      if (arg == Py_None || item == Py_None || !THPVariable_CheckExact(arg)) {
+        return 0;
+      }
+      int64_t facts[kMaxFacts];
+      const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, facts);
+      if (n < 0 || PyBytes_GET_SIZE(item) != static_cast<Py_ssize_t>(n * sizeof(int64_t)) ||
+          std::memcmp(PyBytes_AS_STRING(item), facts, n * sizeof(int64_t)) != 0) {
         return 0;
       }
       continue;
@@ -200,6 +225,27 @@ PyObject* Lookup_lookup(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
     Py_RETURN_NONE;  // compiling or exporting (or the flag is gone): the Python path decides
+  }
+  // Every tensor parameter must hold a tensor (an fx Proxy or a wrong type goes to Python,
+  // which traces or names the argument), and a call that needs autograd goes to Python,
+  // which routes it through the torch op's autograd formula.
+  const bool grad_mode = c10::GradMode::is_enabled();
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    if (!(self->tensor_mask >> i & 1) || args[i] == Py_None) {
+      continue;
+    }
+    if (!THPVariable_Check(args[i])) {
+      Py_RETURN_NONE;
+    }
+    if (grad_mode) {
+      try {
+        if (THPVariable_Unpack(args[i]).requires_grad()) {
+          Py_RETURN_NONE;
+        }
+      } catch (...) {
+        Py_RETURN_NONE;
+      }
+    }
   }
   PyObject* scope = nullptr;
   if (PyContextVar_Get(self->scope, nullptr, &scope) < 0) {
@@ -254,12 +300,14 @@ PyObject* Lookup_key(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
 
 int Lookup_init(PyObject* op, PyObject* args, PyObject* kwargs) {
   auto* self = reinterpret_cast<Lookup*>(op);
-  static const char* names[] = {"fixed", "cache", "scope", "compiler_globals", "tensor_mask", "nargs", nullptr};
+  static const char* names[] = {"fixed",       "cache",      "scope", "compiler_globals",
+                                "tensor_mask", "token_mask", "nargs", nullptr};
   PyObject *fixed, *cache, *scope, *compiler_globals;
-  unsigned long long mask;
+  unsigned long long mask, token_mask;
   Py_ssize_t n;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OO!Kn", const_cast<char**>(names), &PyDict_Type, &fixed,
-                                   &PyDict_Type, &cache, &scope, &PyDict_Type, &compiler_globals, &mask, &n)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OO!KKn", const_cast<char**>(names), &PyDict_Type, &fixed,
+                                   &PyDict_Type, &cache, &scope, &PyDict_Type, &compiler_globals, &mask, &token_mask,
+                                   &n)) {
     return -1;
   }
   if (!PyContextVar_CheckExact(scope)) {
@@ -276,6 +324,7 @@ int Lookup_init(PyObject* op, PyObject* args, PyObject* kwargs) {
   Py_XSETREF(self->compiler_globals, Py_NewRef(compiler_globals));
   set_memo(self, nullptr, nullptr);
   self->tensor_mask = mask;
+  self->token_mask = token_mask;
   self->nargs = n;
   return 0;
 }
@@ -307,6 +356,105 @@ void Lookup_dealloc(PyObject* op) {
   Py_TYPE(op)->tp_free(op);
 }
 
+// -- maybe_inplace aliasing -------------------------------------------------------------
+
+// True when two elements of `t` may share memory (a stride-0 expand, or strides that
+// interleave). Sufficient test: sorted by stride, each stride must step past everything the
+// smaller dimensions reach. Anything it cannot prove is treated as overlapping.
+bool may_self_overlap(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) {
+    return false;
+  }
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dimensions with size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) {
+      dims.emplace_back(t.stride(d), t.size(d));
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the largest element offset the dimensions so far can address
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) {
+      return true;
+    }
+    reach += stride * (size - 1);
+  }
+  return false;
+}
+
+// Whether two non-empty tensors' byte ranges in one storage intersect (or cannot be told).
+bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.has_storage() || !b.has_storage()) {
+    return true;
+  }
+  if (!a.storage().is_alias_of(b.storage())) {
+    return false;
+  }
+  auto range = [](const at::Tensor& t) {
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      last += t.stride(d) * (t.size(d) - 1);
+    }
+    const int64_t start = t.storage_offset() * static_cast<int64_t>(t.element_size());
+    return std::make_pair(start, start + (last + 1) * static_cast<int64_t>(t.element_size()));
+  };
+  const auto [a0, a1] = range(a);
+  const auto [b0, b1] = range(b);
+  return a0 < b1 && b0 < a1;
+}
+
+// donation_conflict(donated_mask, tensor_mask, *args) -> None, or (i, j): donated argument i
+// overlaps itself (j == i) or tensor argument j, so an in-place kernel must not run on it.
+PyObject* donation_conflict(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2 || !PyLong_Check(args[0]) || !PyLong_Check(args[1]) || nargs - 2 > 64) {
+    PyErr_SetString(PyExc_TypeError, "donation_conflict(donated_mask, tensor_mask, *args), at most 64 args");
+    return nullptr;
+  }
+  const uint64_t donated = PyLong_AsUnsignedLongLongMask(args[0]);
+  const uint64_t tensors = PyLong_AsUnsignedLongLongMask(args[1]);
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  PyObject* const* call = args + 2;
+  const Py_ssize_t n = nargs - 2;
+  auto tensor_at = [&](Py_ssize_t i) -> const at::Tensor* {
+    if (!(tensors >> i & 1) || !THPVariable_Check(call[i])) {
+      return nullptr;
+    }
+    const at::Tensor& t = THPVariable_Unpack(call[i]);
+    return t.numel() == 0 ? nullptr : &t;
+  };
+  try {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const at::Tensor* a = (donated >> i & 1) ? tensor_at(i) : nullptr;
+      if (a == nullptr) {
+        continue;
+      }
+      if (may_self_overlap(*a)) {
+        return Py_BuildValue("(nn)", i, i);
+      }
+      for (Py_ssize_t j = 0; j < n; ++j) {
+        const at::Tensor* b = j == i ? nullptr : tensor_at(j);
+        if (b != nullptr && may_share_memory(*a, *b)) {
+          return Py_BuildValue("(nn)", i, j);
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef module_methods[] = {
+    {"donation_conflict", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(donation_conflict)),
+     METH_FASTCALL,
+     "donation_conflict(donated_mask, tensor_mask, *args): None, or (i, j) where donated argument i overlaps "
+     "itself (j == i) or argument j."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 PyMethodDef Lookup_methods[] = {
     {"lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Lookup_lookup)), METH_FASTCALL,
      "lookup(*args): the cached decision for this call, or None (Python takes over)."},
@@ -319,7 +467,8 @@ PyMethodDef Lookup_methods[] = {
 PyTypeObject LookupType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "vllm_ir._fast_lookup",
-                          "Decision-cache lookups for the eager hot path (see vllm_ir.ir.fast_lookup).", -1};
+                          "Decision-cache lookups for the eager hot path (see vllm_ir.ir.fast_lookup).", -1,
+                          module_methods};
 
 // Refuses to load under another torch than the one it was compiled against: the tensor
 // layout it reads is torch's, and would be misread rather than fail.
@@ -357,7 +506,8 @@ PyMODINIT_FUNC PyInit__fast_lookup(void) {
   LookupType.tp_basicsize = sizeof(Lookup);
   LookupType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
   LookupType.tp_doc =
-      "Lookup(fixed, cache, scope, compiler_globals, tensor_mask, nargs): one op's decision cache, read from C.";
+      "Lookup(fixed, cache, scope, compiler_globals, tensor_mask, token_mask, nargs): one op's decision cache, read "
+      "from C.";
   LookupType.tp_methods = Lookup_methods;
   LookupType.tp_init = Lookup_init;
   LookupType.tp_new = PyType_GenericNew;

@@ -58,11 +58,47 @@ def test_explain_reports_each_verdict():
     assert "dtype torch.float32 is not bfloat16" in str(exp)
 
 
-def test_predicate_returning_non_bool_is_an_error_naming_op_and_provider():
-    rms_norm_impl("sloppy", supports_args=lambda x, weight, epsilon, variance_size=None: None)
+def _raising(x, weight, epsilon, variance_size=None):
+    raise KeyError("hidden size table")
+
+
+@pytest.mark.parametrize(
+    ("predicate", "problem"),
+    [
+        (lambda x, weight, epsilon, variance_size=None: None, "supports_args returned NoneType None"),
+        (_raising, "supports_args raised KeyError: 'hidden size table'"),
+    ],
+    ids=["returns-none", "raises"],
+)
+def test_broken_predicate_skips_its_provider_with_the_error_as_reason(predicate, problem):
+    sloppy = rms_norm_impl("sloppy", supports_args=predicate)
     vllm_ir.set_priority(rms_norm=["sloppy"])
-    with pytest.raises(PredicateError, match="op 'rms_norm', provider 'sloppy': supports_args returned NoneType"):
+    x, w, eps = x_w()
+    with pytest.warns(vllm_ir.ProviderWarning, match=f"op 'rms_norm', provider 'sloppy': {problem}"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FallbackWarning)
+            out = op(x, w, eps)
+    torch.testing.assert_close(out, op.fn(x, w, eps))
+    assert sloppy.calls == []
+    verdicts = {v.provider: v for v in op.explain(x, w, eps).verdicts}
+    assert verdicts["sloppy"].status == "declined" and problem in verdicts["sloppy"].reason
+    assert list(vllm_ir.ir.dispatch.predicate_errors()) == [("rms_norm", "sloppy")]
+    assert problem in vllm_ir.ir.dispatch.predicate_errors()["rms_norm", "sloppy"]
+    assert any(problem in r for r in vllm_ir.dispatch_stats()["rms_norm"]["sloppy"])
+    with warnings.catch_warnings():  # shown once
+        warnings.simplefilter("error", vllm_ir.ProviderWarning)
+        warnings.simplefilter("ignore", FallbackWarning)
+        op(x[:, :7].contiguous(), w[:7], eps)
+
+
+def test_broken_predicate_raises_under_fallback_error(monkeypatch):
+    rms_norm_impl("sloppy", supports_args=_raising)
+    vllm_ir.set_priority(rms_norm=["sloppy"])
+    monkeypatch.setenv("VLLM_IR_FALLBACK", "error")
+    vllm_ir.reload_env()
+    with pytest.raises(PredicateError, match="op 'rms_norm', provider 'sloppy': supports_args raised KeyError") as info:
         op(*x_w())
+    assert isinstance(info.value.__cause__, KeyError)
 
 
 def test_decisions_are_cached_per_signature():

@@ -47,6 +47,13 @@ class Tagged(torch.Tensor):
 def _predicates():
     """Each provider accepts calls that differ in exactly one key fact."""
     return {
+        # Facts beyond dtype / device / rank / layout class (issue 12): any of them may decide.
+        "p_odd_hidden": lambda x, weight, epsilon, variance_size=None: x.shape[-1] % 2 == 1,
+        "p_heads": lambda x, weight, epsilon, variance_size=None: x.dim() == 3 and x.shape[1] == 5,
+        "p_row_stride": lambda x, weight, epsilon, variance_size=None: x.stride(-2) == x.shape[-1] + 8,
+        "p_weight_fp32": lambda x, weight, epsilon, variance_size=None: (
+            weight is not None and weight.dtype == torch.float32 and x.dtype != torch.float32
+        ),
         "p_meta": lambda x, weight, epsilon, variance_size=None: x.device.type == "meta",
         "p_bf16": lambda x, weight, epsilon, variance_size=None: x.dtype == torch.bfloat16,
         "p_strided": lambda x, weight, epsilon, variance_size=None: not x.is_contiguous() and x.stride(-1) != 1,
@@ -62,22 +69,24 @@ def _argument_grid():
     layouts = {
         "contiguous": lambda t: t,
         "rows": lambda t: torch.cat([t, t], dim=-1)[..., : t.shape[-1]],  # unit inner stride, not contiguous
+        "rows_pad8": lambda t: torch.cat([t, t[..., :8]], dim=-1)[..., : t.shape[-1]],  # another row stride
         "strided": lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2),  # inner stride != 1
     }
-    for dtype, layout, dim, weight, eps, variance, device in itertools.product(
+    for dtype, layout, shape, weight, eps, variance, device in itertools.product(
         (torch.float32, torch.bfloat16),
         layouts,
-        (2, 3),
-        ("tensor", "parameter", None),
+        ((4, 16), (4, 24), (4, 17), (2, 3, 16), (2, 5, 16)),
+        ("tensor", "parameter", "fp32", None),
         (1e-6, 1e-5),
         (None, 8),
         ("cpu", "meta"),
     ):
-        shape = (4, 16) if dim == 2 else (2, 3, 16)
         x = layouts[layout](torch.randn(*shape, dtype=dtype, device=device))
-        w = None if weight is None else torch.randn(16, dtype=dtype, device=device)
+        w = None if weight is None else torch.randn(shape[-1], dtype=dtype, device=device)
         if weight == "parameter":
             w = torch.nn.Parameter(w)
+        elif weight == "fp32":
+            w = w.float()
         yield x, w, eps, variance
     yield torch.randn(4, 16).as_subclass(Tagged), torch.randn(16), 1e-6, None
 
@@ -115,13 +124,17 @@ def test_compiled_and_python_paths_choose_like_decide(picky_providers):
     python_call = _pure_python_entry()
     log = picky_providers
     seen = set()
-    for args in _argument_grid():
-        expected = dispatch.decide(op, args).provider
-        seen.add(expected)
-        # Twice each: the first call may miss, the second hits the cache (and the last-hit memo).
-        got = [_ran(log, op, *args) for _ in range(2)]
-        got += [_ran(log, python_call, op, *args) for _ in range(2)]
-        assert got == [expected] * 4, (expected, got, [type(a) for a in args])
+    grid = list(_argument_grid())
+    with torch.no_grad():  # nn.Parameter requires grad: with grad on, calls take the autograd route
+        for rounds in range(2):  # the second round meets a cache warmed by every other call
+            for args in grid if rounds == 0 else reversed(grid):
+                expected = dispatch.decide(op, args).provider
+                seen.add(expected)
+                # Twice each: the first call may miss, the second hits the cache (and the last-hit memo).
+                got = [_ran(log, op, *args) for _ in range(2)]
+                got += [_ran(log, python_call, op, *args) for _ in range(2)]
+                got.append(op.cached_dispatch(*args).provider)
+                assert got == [expected] * 5, (expected, got, [(type(a), getattr(a, "shape", a)) for a in args])
     assert seen == {*_predicates(), "native"}  # the grid reaches every provider
 
 

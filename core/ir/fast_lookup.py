@@ -60,4 +60,17 @@ def make_lookup(op: IrOp, scope_var: Any) -> Any | None:
     if _module is None or len(names) > MAX_PARAMETERS:
         return None
     mask = sum(1 << names.index(name) for name in op.tensor_params)
-    return _module.Lookup(op._fixed, op._decisions, scope_var, vars(torch.compiler), mask, len(names))
+    token_mask = sum(1 << names.index(name) for name in op.token_params)
+    return _module.Lookup(op._fixed, op._decisions, scope_var, vars(torch.compiler), mask, token_mask, len(names))
+
+
+def donation_conflict_checker(op: IrOp) -> tuple[Any, Any, Any]:
+    """``(check, donated, tensors)``: ``check(donated, tensors, *args) -> (i, j) | None`` for
+    ``maybe_inplace`` calls of ``op`` (see vllm_ir.ir.aliasing), compiled where possible."""
+    if _module is None or len(op.signature.parameters) > MAX_PARAMETERS:
+        from vllm_ir.ir.aliasing import donation_conflict
+
+        return (lambda d, t, *args: donation_conflict(d, t, args)), op.activation_indices, op.tensor_param_indices
+    donated_mask = sum(1 << i for i in op.activation_indices)
+    tensor_mask = sum(1 << i for i in op.tensor_param_indices)
+    return _module.donation_conflict, donated_mask, tensor_mask

@@ -22,9 +22,10 @@ from vllm_ir.ir.priority import Mode, PriorityEntry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: (atol, rtol) per dtype when an op does not override them.
+#: (atol, rtol) per dtype when an op does not override them (`IrOp.set_tolerance`). fp32 is
+#: torch.testing.assert_close's default; a dtype missing here has no implicit tolerance.
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float32: (1e-5, 1e-5),
+    torch.float32: (1e-5, 1.3e-6),
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1e-2, 1.6e-2),
     torch.float64: (1e-10, 1e-10),
@@ -43,7 +44,14 @@ class IrOp:
 
     maybe_inplace: Callable[..., Any]
 
-    def __init__(self, fn: Callable[..., Any], name: str, activations: Sequence[str] | None, allow_inplace: bool):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        activations: Sequence[str] | None,
+        allow_inplace: bool,
+        token_params: Sequence[str] | None = None,
+    ):
         self.name = name
         self.fn = fn
         self.fake_fn: Callable[..., Any] = fn
@@ -59,6 +67,11 @@ class IrOp:
         self.activations = self._check_activations(activations)
         names = list(self.signature.parameters)
         self.activation_indices = tuple(names.index(a) for a in self.activations)
+        #: Tensor parameters whose leading dimension is the token count: the one fact of a
+        #: call the decision cache leaves out (see vllm_ir.ir.cache_key).
+        self.token_params = self._check_tensor_names(
+            self.activations if token_params is None else token_params, "token parameter"
+        )
         self.impls: dict[str, IrOpImpl] = {NATIVE: IrOpImpl(name, NATIVE, fn)}
         self.tensor_param_indices = tuple(names.index(t) for t in self.tensor_params)
         self._decisions: dict[tuple, _dispatch.Decision] = {}
@@ -195,14 +208,51 @@ class IrOp:
         """The providers dispatch tries, in order, each with the layer that placed it."""
         return [entry for _impl, entry in _priority.resolve(self, mode, _priority.current_scope()).candidates]
 
+    def cached_dispatch(self, *args: Any) -> IrOpImpl:
+        """The implementation ``op(*args)`` runs, read through the decision cache like a real call.
+
+        `dispatch` decides afresh; the two must always agree (the conformance kit checks it).
+        """
+        raise NotImplementedError("register_op generates this method")
+
+    def _no_maybe_inplace(self, *args: Any) -> Any:
+        raise TypeError(
+            f"op {self.name!r} has no maybe_inplace overload: it was declared without allow_inplace=True; "
+            f"call vllm_ir.ops.{self.name}(...) instead"
+        )
+
     # -- testing support -----------------------------------------------------------------
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
-        """(atol, rtol) for comparing an implementation against native in ``dtype``."""
-        return self._tolerances.get(dtype) or DEFAULT_TOLERANCES.get(dtype, (1e-5, 1e-5))
+        """(atol, rtol) for comparing an implementation against native in ``dtype``.
+
+        The op's own (`set_tolerance`), else `DEFAULT_TOLERANCES`. A dtype neither knows is a
+        ``LookupError``: a silent guess would pass or fail kernels for no stated reason.
+        """
+        found = self._tolerances.get(dtype) or DEFAULT_TOLERANCES.get(dtype)
+        if found is None:
+            known = sorted(str(d).removeprefix("torch.") for d in {*self._tolerances, *DEFAULT_TOLERANCES})
+            raise LookupError(
+                f"op {self.name!r} has no tolerance for {dtype}: call "
+                f"vllm_ir.ops.{self.name}.set_tolerance({dtype}, atol=..., rtol=...) "
+                f"(tolerances known: {', '.join(known)})"
+            )
+        return found
 
     def set_tolerance(self, dtype: torch.dtype, *, atol: float, rtol: float) -> None:
-        self._tolerances[dtype] = (atol, rtol)
+        """Allow ``|actual - native| <= atol + rtol * |native|`` for outputs computed in ``dtype``."""
+        if not isinstance(dtype, torch.dtype):
+            raise RegistrationError(
+                f"op {self.name!r}: set_tolerance needs a torch.dtype, got {type(dtype).__name__} {dtype!r}",
+                op=self.name,
+            )
+        for name, value in (("atol", atol), ("rtol", rtol)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise RegistrationError(
+                    f"op {self.name!r}: {name} for {dtype} must be a finite number >= 0, got {value!r}",
+                    op=self.name,
+                )
+        self._tolerances[dtype] = (float(atol), float(rtol))
 
     def input_generator(self, fn: InputGenerator) -> InputGenerator:
         """Register ``fn(shape, dtype, device, **options) -> args`` that makes realistic inputs."""
@@ -256,16 +306,19 @@ class IrOp:
         names = list(self.signature.parameters)
         if activations is None:
             return tuple(n for n in names if n.startswith("x") and n in self.tensor_params)
-        if isinstance(activations, str):
-            activations = [activations]
-        for a in activations:
+        return self._check_tensor_names(activations, "activation")
+
+    def _check_tensor_names(self, names: Sequence[str], what: str) -> tuple[str, ...]:
+        if isinstance(names, str):
+            names = [names]
+        for a in names:
             if a not in self.tensor_params:
                 raise RegistrationError(
-                    f"op {self.name!r}: activation {a!r} is not a Tensor parameter of the op "
+                    f"op {self.name!r}: {what} {a!r} is not a Tensor parameter of the op "
                     f"(tensor parameters: {', '.join(self.tensor_params) or 'none'})",
                     op=self.name,
                 )
-        return tuple(activations)
+        return tuple(names)
 
     def __repr__(self) -> str:
         return f"<vllm_ir op {self.name}{self.schema} providers={sorted(self.impls)}>"
@@ -279,7 +332,11 @@ def _describe(fn: Callable[..., Any]) -> str:
 def register_op(fn: F, /) -> IrOp: ...
 @overload
 def register_op(
-    *, name: str | None = None, activations: Sequence[str] | None = None, allow_inplace: bool = False
+    *,
+    name: str | None = None,
+    activations: Sequence[str] | None = None,
+    allow_inplace: bool = False,
+    token_params: Sequence[str] | None = None,
 ) -> Callable[[F], IrOp]: ...
 
 
@@ -290,6 +347,7 @@ def register_op(
     name: str | None = None,
     activations: Sequence[str] | None = None,
     allow_inplace: bool = False,
+    token_params: Sequence[str] | None = None,
 ) -> IrOp | Callable[[Callable[..., Any]], IrOp]:
     """Declare an op from a fully annotated PyTorch function (bare or with options).
 
@@ -297,6 +355,8 @@ def register_op(
     :param activations: parameters donated by ``maybe_inplace`` (default: tensor
         parameters whose names start with ``x``).
     :param allow_inplace: also create the ``maybe_inplace`` overload.
+    :param token_params: tensor parameters whose leading dimension is the token count
+        (default: the activations); every other fact of a call keys the decision cache.
 
     Example::
 
@@ -314,7 +374,7 @@ def register_op(
             raise RegistrationError(
                 f"op {op_name!r} is already registered ({registry.get_op(op_name).fn.__module__})", op=op_name
             )
-        op = IrOp(f, op_name, activations, allow_inplace)
+        op = IrOp(f, op_name, activations, allow_inplace, token_params)
         lib = torch_library.define(op, op._run_functional)
         default_overload = torch_library.overload(op_name)
         inplace_overload = (
@@ -323,10 +383,11 @@ def register_op(
         entries = _dispatch.build_entry_points(op, default_overload, inplace_overload, op._fast_lookup)
         op._key = entries.key
         # Per-op subclass: ``op(...)`` goes straight into the generated hot path.
-        op.__class__ = type(f"IrOp_{op_name}", (IrOp,), {"__call__": entries.call, "__slots__": ()})
+        op.__class__ = type(
+            f"IrOp_{op_name}", (IrOp,), {"__call__": entries.call, "cached_dispatch": entries.which, "__slots__": ()}
+        )
         op._library = lib
-        if allow_inplace:
-            op.maybe_inplace = entries.maybe_inplace
+        op.maybe_inplace = entries.maybe_inplace if allow_inplace else op._no_maybe_inplace
         registry.add_op(op)
         return op
 

@@ -1,0 +1,71 @@
+"""Whether a ``maybe_inplace`` call may let an in-place kernel overwrite its donated inputs.
+
+An in-place kernel reads and writes its activations element by element; if a donated
+activation overlaps itself (an expanded, stride-0 view) or any other tensor argument of the
+call (``x is x_residual``, overlapping rows, a weight that views the activation), the kernel
+reads values it has already overwritten and the result is silently wrong. Such a call runs
+the functional path instead (fresh outputs, inputs untouched), which ``maybe_inplace``
+permits: it *may* reuse its inputs, it never has to.
+
+`donation_conflict` is the reference; the compiled lookup has the same check in C
+(``donation_conflict`` in ``csrc/fast_lookup.cpp``), and tests hold both to the same answers.
+Anything the check cannot prove disjoint counts as a conflict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def may_self_overlap(t: torch.Tensor) -> bool:
+    """True when two elements of ``t`` may share memory (stride 0, or interleaving strides)."""
+    if t.is_contiguous():
+        return False
+    dims = sorted((stride, size) for stride, size in zip(t.stride(), t.shape, strict=True) if size > 1)
+    reach = 0
+    for stride, size in dims:
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def may_share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges of two non-empty tensors intersect in one storage (or cannot be told)."""
+    try:
+        if a.untyped_storage()._cdata != b.untyped_storage()._cdata:  # the StorageImpl itself
+            return False
+    except (RuntimeError, NotImplementedError):  # no storage (functorch wrappers): cannot tell
+        return True
+    a0, a1 = _byte_range(a)
+    b0, b1 = _byte_range(b)
+    return a0 < b1 and b0 < a1
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    last = sum(stride * (size - 1) for stride, size in zip(t.stride(), t.shape, strict=True))
+    start = t.storage_offset() * t.element_size()
+    return start, start + (last + 1) * t.element_size()
+
+
+def donation_conflict(donated: Sequence[int], tensors: Sequence[int], args: Sequence[Any]) -> tuple[int, int] | None:
+    """``(i, j)`` when donated argument ``i`` overlaps itself (``j == i``) or tensor argument ``j``."""
+
+    def tensor_at(i: int) -> torch.Tensor | None:
+        value = args[i]
+        return value if i in tensors and isinstance(value, torch.Tensor) and value.numel() else None
+
+    for i in donated:
+        a = tensor_at(i)
+        if a is None:
+            continue
+        if may_self_overlap(a):
+            return i, i
+        for j in range(len(args)):
+            b = None if j == i else tensor_at(j)
+            if b is not None and may_share_memory(a, b):
+                return i, j
+    return None
