@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from vllm_ir.errors import FallbackError, FallbackWarning, PredicateError, ProviderWarning
-from vllm_ir.log import get_logger
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir.cache_key import freeze, tensor_facts
 from vllm_ir.ir.impl import IrOpImpl, Unsupported, reason_of
 from vllm_ir.ir.priority import EntryStatus, Mode, PriorityLayer, current_scope
+from vllm_ir.log import get_logger
 
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
