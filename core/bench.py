@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 import vllm_ir
-from vllm_ir.ir import dispatch
+from vllm_ir.ir import selection
 from vllm_ir.ir.impl import IrOpImpl, reason_of
 from vllm_ir.ir.op import IrOp
 from vllm_ir.timing import machine_summary, time_kernel
@@ -68,7 +68,7 @@ def bench_case(op: IrOp, impl: IrOpImpl, args: tuple, repeats: int) -> Result:
     dtype = args[0].dtype
     case = Case(tuple(args[0].shape), dtype)
     base = Result(op.name, str(dtype).removeprefix("torch."), args[0].shape[0], args[0].shape[-1], impl.provider, "ok")
-    verdict = dispatch.ask(impl, args)
+    verdict = selection.ask(impl, args)
     if not verdict:
         base.status, base.detail = "declined", reason_of(verdict, "declined")
         return base

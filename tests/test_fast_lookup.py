@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vllm_ir
 from tests.ops_for_tests import rms_norm_impl
-from vllm_ir.ir import dispatch, fast_lookup, torch_library
+from vllm_ir.ir import decision_cache, dispatch, fast_lookup, selection, torch_library
 
 ROOT = Path(__file__).resolve().parents[1]
 op = vllm_ir.ops.rms_norm
@@ -37,7 +37,7 @@ def test_the_dev_environment_runs_the_compiled_lookup():
     if not fast_lookup.available() and not (shutil.which("c++") or shutil.which("g++")):
         pytest.skip(f"no C++ compiler here, so vllm_ir._fast_lookup is {fast_lookup.unavailable_reason}")
     assert fast_lookup.describe() == f"compiled (vllm_ir._fast_lookup, built for torch {torch.__version__})"
-    assert op._fast_lookup is not None
+    assert op.decision_cache.lookup is not None
 
 
 class Tagged(torch.Tensor):
@@ -110,7 +110,7 @@ def picky_providers(monkeypatch):
 def _pure_python_entry():
     """``op.__call__`` as generated without the compiled lookup (call it as ``entry(op, ...)``)."""
     overload = torch_library.overload("rms_norm")
-    return dispatch.build_entry_points(op, overload, overload, None).call
+    return dispatch.build_entry_points(op, op.decision_cache, overload, overload, None).call
 
 
 def _ran(log: list[str], fn, *args) -> str:
@@ -128,7 +128,7 @@ def test_compiled_and_python_paths_choose_like_decide(picky_providers):
     with torch.no_grad():  # nn.Parameter requires grad: with grad on, calls take the autograd route
         for rounds in range(2):  # the second round meets a cache warmed by every other call
             for args in grid if rounds == 0 else reversed(grid):
-                expected = dispatch.decide(op, args).provider
+                expected = selection.decide(op, args).provider
                 seen.add(expected)
                 # Twice each: the first call may miss, the second hits the cache (and the last-hit memo).
                 got = [_ran(log, op, *args) for _ in range(2)]
@@ -203,13 +203,13 @@ def test_a_call_racing_an_invalidation_cannot_leave_a_stale_memo(picky_providers
     log = picky_providers
     bf16 = (torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16), 1e-6)
     assert [_ran(log, op, *bf16) for _ in range(2)] == ["p_bf16"] * 2
-    retire = dispatch.retire
+    retire = decision_cache._retire
 
     def retire_while_another_call_runs(decisions, op_name):
         op(*bf16)  # what another thread may do while the dicts are being cleared
         retire(decisions, op_name)
 
-    monkeypatch.setattr(dispatch, "retire", retire_while_another_call_runs)
+    monkeypatch.setattr(decision_cache, "_retire", retire_while_another_call_runs)
     vllm_ir.set_priority(rms_norm=["p_no_weight"])
     assert _ran(log, op, *bf16) == "native"
 

@@ -54,14 +54,14 @@ def describe() -> str:
     return f"compiled (vllm_ir._fast_lookup, built for torch {_module.BUILT_FOR_TORCH})"
 
 
-def make_lookup(op: IrOp, scope_var: Any) -> Any | None:
-    """The C lookup over ``op``'s two decision dicts, or None without the extension."""
+def make_lookup(op: IrOp, fixed: dict, decisions: dict, scope_var: Any) -> Any | None:
+    """The C lookup over an op's two decision dicts, or None without the extension."""
     names = list(op.signature.parameters)
     if _module is None or len(names) > MAX_PARAMETERS:
         return None
     mask = sum(1 << names.index(name) for name in op.tensor_params)
     token_mask = sum(1 << names.index(name) for name in op.token_params)
-    return _module.Lookup(op._fixed, op._decisions, scope_var, vars(torch.compiler), mask, token_mask, len(names))
+    return _module.Lookup(fixed, decisions, scope_var, vars(torch.compiler), mask, token_mask, len(names))
 
 
 def donation_conflict_checker(op: IrOp) -> tuple[Any, Any, Any]:
