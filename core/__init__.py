@@ -20,7 +20,7 @@ from vllm_ir.errors import (
 )
 from vllm_ir.hookspecs import hookimpl
 from vllm_ir.ir import declarations as _declarations  # noqa: F401  (registers the core ops)
-from vllm_ir.ir.dispatch import Decision, Explanation, Verdict, dispatch_stats, reset_dispatch_stats
+from vllm_ir.ir.decision_cache import dispatch_stats, reset_dispatch_stats
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
 from vllm_ir.ir.op import IrOp, register_op
 from vllm_ir.ir.priority import (
@@ -32,6 +32,7 @@ from vllm_ir.ir.priority import (
     set_priority,
 )
 from vllm_ir.ir.registry import ops
+from vllm_ir.ir.selection import Decision, Explanation, Verdict
 from vllm_ir.platforms import Platform
 from vllm_ir.plugins import (
     PluginError,

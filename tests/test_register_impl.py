@@ -94,7 +94,7 @@ def test_refuses_reserved_provider_names(reserved):
 def test_refuses_second_implementation_of_same_provider():
     rms_norm_impl("twice")
     err = _refused("already has an implementation", provider="twice", fn=_impl)
-    assert "one implementation per provider per op" in str(err)
+    assert "one functional and/or one in-place (inplace=True) kernel per op" in str(err)
 
 
 def test_refuses_non_bool_supported():
@@ -117,3 +117,79 @@ def test_native_cannot_be_removed_and_removal_invalidates():
     assert rms_norm.dispatch(x, w, eps).provider == "native"
     with pytest.raises(RegistrationError, match="native implementation cannot be removed"):
         rms_norm.remove_impl("native")
+
+
+def test_unannotated_implementation_takes_the_op_signature():
+    @rms_norm.register_impl("plain")
+    def plain(x, weight, epsilon, variance_size=None):
+        return rms_norm.fn(x, weight, epsilon, variance_size) + 1
+
+    x = torch.randn(2, 4)
+    with vllm_ir.priority(rms_norm=["plain"]):
+        torch.testing.assert_close(rms_norm(x, None, 1e-6), rms_norm.fn(x, None, 1e-6) + 1)
+        assert rms_norm.cached_dispatch(x, None, 1e-6).provider == "plain"
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda y, weight, epsilon, variance_size=None: y,
+        lambda x, weight, epsilon, variance_size=4: x,
+        lambda x, weight, epsilon: x,
+    ],
+    ids=["renamed", "other-default", "missing-parameter"],
+)
+def test_unannotated_implementation_must_still_take_the_op_parameters(fn):
+    err = _refused("the implementation must take the op's parameters with the same names and defaults", fn=fn)
+    assert "op expects:    (x, weight, epsilon, variance_size=None)" in str(err)
+
+
+@pytest.mark.parametrize("name", ["Mine", "my-provider", "1st", "mine.v2", ""])
+def test_refuses_provider_names_outside_lowercase_identifiers(name):
+    _refused(r"must match \[a-z_\]\[a-z0-9_\]\*", provider=name, fn=_impl)
+
+
+def _functional_fused(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    _functional_fused.calls += 1
+    return vllm_ir.ops.fused_add_rms_norm.fn(x, x_residual, weight, epsilon, variance_size)
+
+
+_functional_fused.calls = 0
+
+
+@pytest.mark.parametrize("first", ["functional", "inplace"])
+def test_a_provider_registers_both_kernel_forms_under_one_name(first):
+    fused = vllm_ir.ops.fused_add_rms_norm
+    forms = {"functional": (_functional_fused, False), "inplace": (inplace_fused_add_rms_norm, True)}
+    order = [first, *(f for f in forms if f != first)]
+    for form in order:
+        fn, inplace = forms[form]
+        fused.register_impl("both", inplace=inplace, batch_invariant=True)(fn)
+    impl = fused.impls["both"]
+    assert (impl.fn, impl.inplace, impl.inplace_fn) == (_functional_fused, False, inplace_fused_add_rms_norm)
+    x, r, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    expected = fused.fn(x, r, w, 1e-6)
+    _functional_fused.calls = 0
+    with vllm_ir.priority(fused_add_rms_norm=["both"]), torch.no_grad():
+        out = fused(x.clone(), r.clone(), w, 1e-6)  # the functional kernel: no clones
+        assert _functional_fused.calls == 1
+        xi, ri = x.clone(), r.clone()
+        out_inplace = fused.maybe_inplace(xi, ri, w, 1e-6)  # the in-place kernel, on the donated buffers
+        assert _functional_fused.calls == 1
+        assert out_inplace[0].data_ptr() == xi.data_ptr() and out_inplace[1].data_ptr() == ri.data_ptr()
+        fused.maybe_inplace(xi, xi, w, 1e-6)  # aliased: the functional kernel instead
+        assert _functional_fused.calls == 2
+    for got in (out, out_inplace):
+        torch.testing.assert_close(got, expected)
+
+
+def test_second_form_must_repeat_the_options_and_differ_in_kind():
+    fused = vllm_ir.ops.fused_add_rms_norm
+    fused.register_impl("twice", batch_invariant=True)(_functional_fused)
+    with pytest.raises(RegistrationError, match="one functional and/or one in-place"):
+        fused.register_impl("twice", inplace=True)(inplace_fused_add_rms_norm)  # batch_invariant differs
+    with pytest.raises(RegistrationError, match="one functional and/or one in-place"):
+        fused.register_impl("twice", batch_invariant=True)(_functional_fused)  # the same form again
+    assert fused.impls["twice"].inplace_fn is None

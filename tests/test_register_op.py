@@ -121,3 +121,32 @@ def test_refuses_unannotated_function_without_leaving_a_torch_definition():
 def test_unknown_op_lists_known_ops():
     with pytest.raises(vllm_ir.UnknownOpError, match=r"known ops: .*fused_add_rms_norm.*rms_norm"):
         vllm_ir.ops.no_such_op  # noqa: B018
+
+
+def test_op_without_allow_inplace_has_a_maybe_inplace_that_says_why_not():
+    op = _declare(unique("scale_no_inplace"))
+    with pytest.raises(TypeError, match=r"op 'scale_no_inplace_t\d+' has no maybe_inplace overload"):
+        op.maybe_inplace(torch.ones(2), 2.0)
+
+
+def test_op_is_complete_when_constructed_and_has_its_own_class():
+    op = _declare(unique("scale_own_class"))
+    assert type(op).__name__ == f"IrOp_{op.name}" and type(op).__mro__[1] is vllm_ir.IrOp
+    assert type(vllm_ir.ops.rms_norm) is not type(op)
+    assert op.decision_cache.key is not None and op(torch.ones(2), 3.0).tolist() == [3.0, 3.0]
+
+
+def test_token_params_must_be_tensor_parameters():
+    with pytest.raises(RegistrationError, match="token parameter 'factor' is not a Tensor parameter"):
+        _declare(unique("scale_bad_token"), token_params=["factor"])
+
+
+def test_generated_code_shows_in_tracebacks():
+    import traceback
+
+    try:
+        vllm_ir.ops.rms_norm(torch.ones(2, 4), "not a tensor", 1e-6)
+    except TypeError as exc:
+        text = "".join(traceback.format_exception(exc))
+    assert "<vllm_ir.ops.rms_norm." in text
+    assert "_bad_arguments(" in text  # the generated line itself, from linecache

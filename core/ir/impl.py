@@ -67,6 +67,13 @@ class IrOpImpl:
     cacheable: bool = True
     #: Which plugin distribution registered it (filled in by provider discovery).
     origin: str | None = field(default=None)
+    #: The same provider's in-place kernel when ``fn`` is its functional one (both forms
+    #: registered): ``maybe_inplace`` runs it, ``op(...)`` runs ``fn`` without clones.
+    inplace_fn: Callable[..., Any] | None = field(default=None, repr=False)
+
+    @property
+    def has_inplace_kernel(self) -> bool:
+        return self.inplace or self.inplace_fn is not None
 
     @property
     def is_supported(self) -> bool:
@@ -79,5 +86,13 @@ class IrOpImpl:
         return reason_of(self.supported, "marked unsupported on this platform")
 
     def __repr__(self) -> str:
-        flags = [f for f, on in (("inplace", self.inplace), ("batch_invariant", self.batch_invariant)) if on]
+        flags = [
+            f
+            for f, on in (
+                ("inplace", self.inplace),
+                ("both forms", self.inplace_fn is not None),
+                ("batch_invariant", self.batch_invariant),
+            )
+            if on
+        ]
         return f"IrOpImpl({self.op_name}:{self.provider}{', ' + ', '.join(flags) if flags else ''})"

@@ -7,6 +7,7 @@ priority, explanation, tolerances and test inputs all hang off it.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
@@ -15,8 +16,9 @@ import torch
 
 from vllm_ir.errors import RegistrationError
 from vllm_ir.ir import dispatch as _dispatch
-from vllm_ir.ir import fast_lookup, registry, signature, torch_library
 from vllm_ir.ir import priority as _priority
+from vllm_ir.ir import registry, selection, signature, torch_library
+from vllm_ir.ir.decision_cache import DecisionCache
 from vllm_ir.ir.impl import NATIVE, RESERVED_PROVIDERS, IrOpImpl, Unsupported
 from vllm_ir.ir.priority import Mode, PriorityEntry
 
@@ -40,9 +42,16 @@ class IrOp:
     ``op(*args)`` is functional (inputs untouched, fresh outputs). ``op.maybe_inplace(*args)``
     (ops declared with ``allow_inplace=True``) lets an in-place implementation overwrite the
     activation inputs and return them: using a donated tensor afterwards is a bug.
+
+    Constructing one defines ``torch.ops.vllm_ir.<name>`` and generates the op's hot path;
+    `register_op` then adds it to ``vllm_ir.ops``. Each op is an instance of its own subclass,
+    whose ``__call__`` is the generated function (Python looks special methods up on the type).
     """
 
     maybe_inplace: Callable[..., Any]
+
+    def __new__(cls, fn: Callable[..., Any], name: str, *args: Any, **kwargs: Any) -> IrOp:
+        return super().__new__(type(f"IrOp_{name}", (cls,), {"__slots__": (), "__module__": cls.__module__}))
 
     def __init__(
         self,
@@ -74,22 +83,31 @@ class IrOp:
         )
         self.impls: dict[str, IrOpImpl] = {NATIVE: IrOpImpl(name, NATIVE, fn)}
         self.tensor_param_indices = tuple(names.index(t) for t in self.tensor_params)
-        self._decisions: dict[tuple, _dispatch.Decision] = {}
-        self._fixed: dict[object, _dispatch.Decision] = {}
-        #: Decisions of calls that came through the torch op's kernel (see `_run_functional`).
-        self._kernel_decisions: dict[tuple, _dispatch.Decision] = {}
-        #: ``key(scope, *args)`` of the generated hot path; `register_op` sets it.
-        self._key: Callable[..., Any] | None = None
         params = list(self.signature.parameters.values())
         self._defaults = tuple(p.default for p in params)
         self._required = sum(p.default is inspect.Parameter.empty for p in params)
-        #: The compiled reader of the two dicts above (None: pure Python); see fast_lookup.
-        self._fast_lookup = fast_lookup.make_lookup(self, _priority.scope_var)
         self._tolerances: dict[torch.dtype, tuple[float, float]] = {}
         self._input_generator: InputGenerator | None = None
         #: Named option sets for the input generator that conformance tests cover (e.g. no weight).
         self.input_variants: dict[str, dict[str, Any]] = {}
         self.__doc__ = fn.__doc__
+        self.decision_cache = DecisionCache(self)
+        self._library = torch_library.define(self, self._run_functional)
+        try:
+            default_overload = torch_library.overload(name)
+            inplace_overload = (
+                torch_library.overload(name, torch_library.MAYBE_INPLACE) if allow_inplace else default_overload
+            )
+            entries = _dispatch.build_entry_points(
+                self, self.decision_cache, default_overload, inplace_overload, self.decision_cache.lookup
+            )
+        except BaseException:
+            self._library._destroy()
+            raise
+        self.decision_cache.key = entries.key
+        type(self).__call__ = entries.call
+        type(self).cached_dispatch = entries.which
+        self.maybe_inplace = entries.maybe_inplace if allow_inplace else self._no_maybe_inplace
 
     # -- implementations ---------------------------------------------------------------
 
@@ -108,7 +126,9 @@ class IrOp:
         :param supported: whether it can run in this process at all (or an `Unsupported` reason).
         :param supports_args: per-call predicate with the op's parameters; returns a bool or
             an `Unsupported` reason. It must not look at batch size or tensor values.
-        :param inplace: the implementation overwrites the activations and returns them.
+        :param inplace: the implementation overwrites the activations and returns them. A
+            provider may register both forms (same options): ``op(...)`` then runs the
+            functional kernel, ``op.maybe_inplace(...)`` the in-place one, without clones.
         :param batch_invariant: results do not depend on the batch composition.
         :param cacheable: False when the predicate looks beyond dtype, device, number of
             dimensions, layout class (contiguous, unit inner stride, other) and scalar arguments.
@@ -134,9 +154,12 @@ class IrOp:
     def add_impl(self, impl: IrOpImpl) -> IrOpImpl:
         """Validate and add an implementation; a refused one leaves no trace."""
         p = impl.provider
-        if not isinstance(p, str) or not p.isidentifier():
+        if not isinstance(p, str) or not signature.PROVIDER_NAME.match(p):
             raise RegistrationError(
-                f"op {self.name!r}: provider name {p!r} must be an identifier", op=self.name, provider=str(p)
+                f"op {self.name!r}: provider name {p!r} must match [a-z_][a-z0-9_]* "
+                "(lowercase letters, digits, underscores)",
+                op=self.name,
+                provider=str(p),
             )
         if p in RESERVED_PROVIDERS:
             raise RegistrationError(
@@ -145,12 +168,13 @@ class IrOp:
                 op=self.name,
                 provider=p,
             )
-        if p in self.impls:
-            existing = self.impls[p]
+        existing = self.impls.get(p)
+        if existing is not None and not _second_form(existing, impl):
             raise RegistrationError(
                 f"op {self.name!r}, provider {p!r}: already has an implementation "
                 f"({_describe(existing.fn)}{', from ' + existing.origin if existing.origin else ''}); "
-                "one implementation per provider per op",
+                "a provider registers one functional and/or one in-place (inplace=True) kernel per op, "
+                "the second with the same options as the first",
                 op=self.name,
                 provider=p,
             )
@@ -167,11 +191,19 @@ class IrOp:
                 op=self.name,
                 provider=p,
             )
-        signature.check_parameters(impl.fn, op=self.name, provider=p, what="the implementation")
-        impl_schema = signature.infer_schema(impl.fn, op=self.name, provider=p, what="the implementation")
-        signature.check_same_schema(self.schema, impl_schema, op=self.name, provider=p)
+        impl_sig = signature.check_parameters(impl.fn, op=self.name, provider=p, what="the implementation")
+        if signature.is_unannotated(impl_sig):  # takes the op's own signature: names and defaults must match
+            signature.check_same_parameters(
+                impl_sig, self.signature, op=self.name, provider=p, what="the implementation"
+            )
+        else:  # written out: it must be exactly the op's schema
+            impl_schema = signature.infer_schema(impl.fn, op=self.name, provider=p, what="the implementation")
+            signature.check_same_schema(self.schema, impl_schema, op=self.name, provider=p)
         if impl.supports_args is not None:
             signature.check_predicate_signature(impl.supports_args, self.signature, op=self.name, provider=p)
+        if existing is not None:  # the provider's other form: one implementation with both kernels
+            functional, in_place = (existing, impl) if impl.inplace else (impl, existing)
+            impl = dataclasses.replace(functional, inplace_fn=in_place.fn, origin=existing.origin or impl.origin)
         self.impls[p] = impl
         registry.invalidate()
         return impl
@@ -198,11 +230,11 @@ class IrOp:
 
     def dispatch(self, *args: Any, mode: Mode = "eager") -> IrOpImpl:
         """The implementation a call with ``args`` runs (no fallback policy, no statistics)."""
-        return _dispatch.decide(self, self._bind(args), mode, _priority.current_scope()).impl
+        return selection.decide(self, self._bind(args), mode, _priority.current_scope()).impl
 
-    def explain(self, *args: Any, mode: Mode = "eager") -> _dispatch.Explanation:
+    def explain(self, *args: Any, mode: Mode = "eager") -> selection.Explanation:
         """Every provider of the effective priority with its verdict for ``args``."""
-        return _dispatch.explain(self, self._bind(args), mode)
+        return selection.explain(self, self._bind(args), mode)
 
     def get_priority(self, mode: Mode = "eager") -> list[PriorityEntry]:
         """The providers dispatch tries, in order, each with the layer that placed it."""
@@ -291,16 +323,7 @@ class IrOp:
             args = args + self._defaults[len(args) :]
         elif len(args) != len(self._defaults):
             args = self._bind(args)
-        return _dispatch.decide_cached(self, args).functional(*args)
-
-    def _clear_decisions(self) -> None:
-        self._kernel_decisions.clear()
-        self._fixed.clear()
-        if self._decisions:
-            _dispatch.retire(self._decisions, self.name)
-            self._decisions.clear()
-        if self._fast_lookup is not None:  # last: a lookup racing the clear may re-remember an old hit
-            self._fast_lookup.forget()
+        return self.decision_cache.for_kernel(args).functional(*args)
 
     def _check_activations(self, activations: Sequence[str] | None) -> tuple[str, ...]:
         names = list(self.signature.parameters)
@@ -322,6 +345,16 @@ class IrOp:
 
     def __repr__(self) -> str:
         return f"<vllm_ir op {self.name}{self.schema} providers={sorted(self.impls)}>"
+
+
+def _second_form(existing: IrOpImpl, new: IrOpImpl) -> bool:
+    """Whether ``new`` is the other kernel form (functional vs in-place) of ``existing``, with its options."""
+    options = ("supported", "supports_args", "batch_invariant", "cacheable")
+    return (
+        existing.inplace_fn is None
+        and existing.inplace != new.inplace
+        and all(getattr(existing, o) == getattr(new, o) for o in options)
+    )
 
 
 def _describe(fn: Callable[..., Any]) -> str:
@@ -375,19 +408,6 @@ def register_op(
                 f"op {op_name!r} is already registered ({registry.get_op(op_name).fn.__module__})", op=op_name
             )
         op = IrOp(f, op_name, activations, allow_inplace, token_params)
-        lib = torch_library.define(op, op._run_functional)
-        default_overload = torch_library.overload(op_name)
-        inplace_overload = (
-            torch_library.overload(op_name, torch_library.MAYBE_INPLACE) if allow_inplace else default_overload
-        )
-        entries = _dispatch.build_entry_points(op, default_overload, inplace_overload, op._fast_lookup)
-        op._key = entries.key
-        # Per-op subclass: ``op(...)`` goes straight into the generated hot path.
-        op.__class__ = type(
-            f"IrOp_{op_name}", (IrOp,), {"__call__": entries.call, "cached_dispatch": entries.which, "__slots__": ()}
-        )
-        op._library = lib
-        op.maybe_inplace = entries.maybe_inplace if allow_inplace else op._no_maybe_inplace
         registry.add_op(op)
         return op
 

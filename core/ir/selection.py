@@ -169,12 +169,15 @@ def explain(op: IrOp, args: Sequence[Any], mode: Mode = "eager") -> Explanation:
 
 
 def make_decision(op: IrOp, impl: IrOpImpl, skipped: tuple[tuple[str, str], ...], cacheable: bool) -> Decision:
+    """The runners of both overloads: a functional kernel as is, an in-place one behind clones
+    for ``op(...)``; ``maybe_inplace`` runs the in-place kernel where there is one."""
     fn = impl.fn
     functional = fn
     if impl.inplace and op.activation_indices:
         functional = _cloning(fn, op.activation_indices)
-    guard = impl.inplace and bool(op.activation_indices)
-    return Decision(impl, skipped, cacheable, functional=functional, maybe_inplace=fn, guard_donation=guard)
+    in_place = impl.inplace_fn or fn
+    guard = impl.has_inplace_kernel and bool(op.activation_indices)
+    return Decision(impl, skipped, cacheable, functional=functional, maybe_inplace=in_place, guard_donation=guard)
 
 
 def _cloning(fn: Callable[..., Any], indices: tuple[int, ...]) -> Callable[..., Any]:

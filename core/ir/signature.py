@@ -17,6 +17,8 @@ import torch
 from vllm_ir.errors import RegistrationError
 
 _OP_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+#: Provider names as priority lists, env vars and vLLM's own IR accept them.
+PROVIDER_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _REFUSED_KINDS = {
     inspect.Parameter.KEYWORD_ONLY: "keyword-only",
     inspect.Parameter.VAR_POSITIONAL: "*args",
@@ -105,12 +107,26 @@ def check_predicate_signature(pred: Callable[..., Any], op_sig: inspect.Signatur
             provider=provider,
         )
     sig = check_parameters(pred, op=op, provider=provider, what="supports_args")
+    check_same_parameters(sig, op_sig, op=op, provider=provider, what="supports_args")
+
+
+def is_unannotated(sig: inspect.Signature) -> bool:
+    """No parameter and no return annotation: the function takes the op's own signature."""
+    return sig.return_annotation is inspect.Signature.empty and all(
+        p.annotation is inspect.Parameter.empty for p in sig.parameters.values()
+    )
+
+
+def check_same_parameters(
+    sig: inspect.Signature, op_sig: inspect.Signature, *, op: str, provider: str, what: str
+) -> None:
+    """``sig`` takes the op's parameters: same names, same defaults, in order."""
     want = [(p.name, p.default) for p in op_sig.parameters.values()]
     have = [(p.name, p.default) for p in sig.parameters.values()]
     if want != have:
         raise RegistrationError(
-            f"{_who(op, provider)}: supports_args must take the op's parameters with the same "
-            f"names and defaults.\n  op expects:    {_fmt(want)}\n  supports_args: {_fmt(have)}",
+            f"{_who(op, provider)}: {what} must take the op's parameters with the same "
+            f"names and defaults.\n  op expects:    {_fmt(want)}\n  {what + ':':<14} {_fmt(have)}",
             op=op,
             provider=provider,
         )
