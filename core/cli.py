@@ -44,7 +44,8 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
     payload = {"providers": [r.to_json() for r in records]}
     rows = []
     for r in records:
-        impls = "; ".join(f"{p}: {', '.join(ops)}" for p, ops in r.implementations.items())
+        declared = [f"declares {', '.join(r.ops)}"] if r.ops else []
+        impls = "; ".join(declared + [f"{p}: {', '.join(ops)}" for p, ops in r.implementations.items()])
         dist = f"{r.distribution} {r.version}" if r.distribution else ""
         rows.append((r.name, dist, r.status.value, impls, r.reason))
     text = (

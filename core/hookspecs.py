@@ -1,4 +1,4 @@
-"""The pluggy hooks a provider or platform package may implement.
+"""The pluggy hooks a provider or platform package may implement, and what each may return.
 
 Hooks run when the registry or the priorities are built (provider discovery, a priority
 change), never per op call: one pluggy call costs microseconds.
@@ -9,14 +9,23 @@ A provider module marks its implementations with ``@vllm_ir.hookimpl``::
     def vllm_ir_default_priority(platform, mode):
         if platform.name == "cpu":
             return {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"]}
+
+Every result is checked here, at the boundary, by the ``check_*`` functions: a result that
+breaks its hook's contract raises `HookResultError`, and discovery fails that plugin with
+the message as its reason, so a bad result can never reach dispatch, ``explain`` or the CLI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+import reprlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+from vllm_ir.errors import VllmIrError
+from vllm_ir.ir import registry
+from vllm_ir.ir.priority import MODES
 
 if TYPE_CHECKING:
     from vllm_ir.platforms import Platform
@@ -40,7 +49,8 @@ def vllm_ir_default_priority(platform: Platform, mode: str) -> Mapping[str, Sequ
 
     ``mode`` is ``"eager"`` or ``"compile"``. The platform's contribution comes first, then
     providers in hook order (pluggy's ``tryfirst``/``trylast`` apply); the first occurrence
-    of a provider wins.
+    of a provider wins. Every op must be registered; providers are identifiers and may name
+    ones that are not installed (they show as "not installed", like a platform's seeds).
     """
 
 
@@ -49,5 +59,95 @@ def vllm_ir_adjust_priority(op_name: str, priority: list[str], platform: Platfor
     """Reorder or filter an op's merged default priority (site policy); return None to keep it.
 
     Called in hook order, each call seeing the previous result. Providers a hook adds must
-    be known; entries it keeps keep their origin, entries it moves are marked as adjusted.
+    have an implementation of the op; entries it keeps keep their origin, entries it moves
+    are marked as adjusted.
     """
+
+
+# ---------------------------------------------------------------------------------------
+# What a hook may return
+
+
+class HookResultError(VllmIrError, ValueError):
+    """A hook returned something its spec does not allow (the message names hook, op and value)."""
+
+
+def check_platform(result: Any) -> Platform | None:
+    """``vllm_ir_platform``: a `Platform` (whose defaults are themselves valid) or None."""
+    from vllm_ir.platforms import Platform
+
+    if result is None:
+        return None
+    if not isinstance(result, Platform):
+        raise HookResultError(f"vllm_ir_platform returned {_show(result)}; expected a vllm_ir.Platform or None")
+    if not isinstance(result.name, str) or not result.name:
+        raise HookResultError(f"vllm_ir_platform returned a Platform named {_show(result.name)}; expected a name")
+    for mode in MODES:
+        check_default_priority(
+            _read(lambda m=mode: result.default_priority(m), f"platform {result.name!r} default_priority({mode!r})"),
+            what=f"platform {result.name!r} default_priority({mode!r})",
+        )
+    return result
+
+
+def check_default_priority(result: Any, *, what: str = "vllm_ir_default_priority") -> dict[str, tuple[str, ...]]:
+    """``{op_name: [provider, ...]}`` or None, as a plain dict of tuples (None: empty)."""
+    if result is None:
+        return {}
+    if not isinstance(result, Mapping):
+        raise HookResultError(f"{what} returned {_show(result)}; expected a dict {{op_name: [provider, ...]}} or None")
+    items = _read(lambda: list(result.items()), what)
+    out: dict[str, tuple[str, ...]] = {}
+    for op_name, providers in items:
+        if not isinstance(op_name, str):
+            raise HookResultError(f"{what}: op name {_show(op_name)} is not a string")
+        if not registry.has_op(op_name):
+            known = ", ".join(op.name for op in registry.all_ops())
+            raise HookResultError(f"{what}: unknown op {op_name!r}; known ops: {known}")
+        out[op_name] = _provider_names(providers, f"{what}, op {op_name!r}")
+    return out
+
+
+def check_adjusted_priority(result: Any, *, op_name: str, before: Sequence[str]) -> tuple[str, ...] | None:
+    """``vllm_ir_adjust_priority``: None (keep) or a list of providers, each added one implemented."""
+    if result is None:
+        return None
+    where = f"vllm_ir_adjust_priority, op {op_name!r}"
+    names = _provider_names(result, where)
+    impls = registry.get_op(op_name).impls
+    for provider in names:
+        if provider not in before and provider not in impls:
+            known = ", ".join(sorted(impls))
+            raise HookResultError(
+                f"{where}: added unknown provider {provider!r}; known providers of {op_name}: {known}"
+            )
+    return names
+
+
+def _provider_names(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise HookResultError(f"{where}: expected a list of provider names, got {_show(value)}")
+    names = _read(lambda: list(value), where)
+    for name in names:
+        if not isinstance(name, str):
+            raise HookResultError(f"{where}: provider {_show(name)} is not a string")
+        if not name.isidentifier():
+            raise HookResultError(f"{where}: {name!r} is not a provider name (an identifier)")
+    return tuple(dict.fromkeys(names))
+
+
+def _read(thunk: Any, where: str) -> Any:
+    """Run ``thunk`` (iterating a returned object), turning its failure into a `HookResultError`."""
+    try:
+        return thunk()
+    except Exception as exc:
+        raise HookResultError(f"{where}: reading the result raised {type(exc).__name__}: {exc}") from exc
+
+
+def _show(value: Any) -> str:
+    """``int 3``, ``str 'x'``: the type, and a short repr that cannot itself fail."""
+    try:
+        text = reprlib.repr(value)
+    except Exception:
+        text = "<unprintable>"
+    return f"{type(value).__name__} {text}"

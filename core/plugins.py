@@ -2,27 +2,39 @@
 
 Each entry point of the ``vllm_ir.providers`` group is handled on its own: its declared
 ``vllm-ir`` requirement is checked before anything is imported, its import registers its
-implementations, and its module joins a pluggy `PluginManager`. Whatever goes wrong (import,
-refused registration, incompatible core, a raising hook) is recorded in a `ProviderRecord`,
-the provider's partial registrations are withdrawn, and everything else keeps working;
+implementations (and maybe ops), and its module joins a pluggy `PluginManager`. Whatever goes
+wrong (import, ``sys.exit``, refused registration, incompatible core, a raising hook, a hook
+result that breaks its contract, see `vllm_ir.hookspecs`) is recorded in a `ProviderRecord`,
+everything the provider registered is withdrawn, and everything else keeps working;
 ``VLLM_IR_STRICT_PLUGINS=1`` raises instead. Hooks are called one implementation at a time
 (pluggy's own loop would let one failure abort all) and only when priorities are built.
+
+Discovery and everything built from hooks run under `registry.lock`: a thread that arrives
+while another one loads waits for it (the loading thread itself re-enters freely), so every
+first call sees the fully loaded providers. Each step is logged at DEBUG on the
+``vllm_ir.plugins`` logger (``VLLM_IR_LOG_LEVEL=DEBUG``).
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import os
+import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+from vllm_ir import hookspecs
 from vllm_ir.errors import VllmIrError
+from vllm_ir.hookspecs import HookResultError
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import registry
+from vllm_ir.ir.impl import NATIVE
+from vllm_ir.log import get_logger
 
 ENTRY_POINT_GROUP = "vllm_ir.providers"
 ENV_ALLOW = "VLLM_IR_PROVIDERS"
@@ -30,6 +42,8 @@ ENV_DENY = "VLLM_IR_DISABLE_PROVIDERS"
 ENV_NO_AUTOLOAD = "VLLM_IR_DISABLE_PLUGIN_AUTOLOAD"
 ENV_STRICT = "VLLM_IR_STRICT_PLUGINS"
 CORE_DISTRIBUTION = "vllm-ir"
+
+log = get_logger("plugins")
 
 
 class PluginError(VllmIrError, RuntimeError):
@@ -57,6 +71,8 @@ class ProviderRecord:
     reason: str | None = None
     #: provider name -> ops it implements (what the plugin's import registered).
     implementations: dict[str, list[str]] = field(default_factory=dict)
+    #: Ops the plugin declared itself (``vllm_ir.register_op`` at import); withdrawn with it.
+    ops: list[str] = field(default_factory=list)
     module: ModuleType | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -74,12 +90,16 @@ class ProviderRecord:
 @dataclass
 class _State:
     scanned: bool = False
+    #: Discovery has started; the loading thread re-entering it returns at once.
     autoloaded: bool = False
-    loading: bool = False
+    #: Discovery has finished: the lock-free check every later call makes.
+    ready: bool = False
     entry_points: dict[str, metadata.EntryPoint] = field(default_factory=dict)
     records: dict[str, ProviderRecord] = field(default_factory=dict)
     manager: Any = None
     platform: Any = None
+    #: The plugin whose `vllm_ir_platform` claim `platform` is (None: detected from torch).
+    claimant: str | None = None
     defaults: dict[str, dict[str, list[tuple[str, str]]]] = field(default_factory=dict)
     #: Bumped whenever the set of live plugins changes (a failure withdraws one).
     generation: int = 0
@@ -93,62 +113,63 @@ _state = _State()
 
 
 def load_providers() -> list[ProviderRecord]:
-    """Discover and load every provider once per process (honouring the plugin env vars)."""
-    if _state.autoloaded or _state.loading:
-        return list(_state.records.values())
-    _state.loading = True
-    _state.autoloaded = True
-    try:
-        _scan()
-        if _env_flag(ENV_NO_AUTOLOAD):
-            for record in _state.records.values():
-                if record.status is ProviderStatus.NOT_LOADED:
-                    record.reason = f"{ENV_NO_AUTOLOAD}=1; load it with vllm_ir.load_provider({record.name!r})"
-        else:
-            for name in sorted(_state.records):  # a fixed order: duplicate names resolve the same way
-                if _state.records[name].status is ProviderStatus.NOT_LOADED:
-                    _load(name)
-    finally:
-        _state.loading = False
+    """Discover and load every provider once per process (honouring the plugin env vars).
+
+    Thread-safe: a thread arriving while another one loads waits until loading is complete.
+    """
+    ensure_loaded()
     return list(_state.records.values())
+
+
+def ensure_loaded() -> None:
+    """Run discovery unless it has run: one attribute read once it has (the lazy-loading hook)."""
+    if _state.ready:
+        return
+    with registry.lock:
+        if not _state.autoloaded:  # else finished meanwhile, or re-entered by the loading thread
+            _autoload()
 
 
 def load_provider(name: str) -> ProviderRecord:
     """Load one provider explicitly (e.g. with ``VLLM_IR_DISABLE_PLUGIN_AUTOLOAD=1``)."""
-    _scan()
-    if name not in _state.records:
-        known = ", ".join(sorted(_state.records)) or "(none installed)"
-        raise PluginError(f"no provider entry point named {name!r} in group {ENTRY_POINT_GROUP!r}; known: {known}")
-    record = _state.records[name]
-    if record.status in (ProviderStatus.NOT_LOADED, ProviderStatus.BLOCKED):
-        _load(name, explicit=True)
-    return record
+    with registry.lock:
+        _scan()
+        if name not in _state.records:
+            known = ", ".join(sorted(_state.records)) or "(none installed)"
+            raise PluginError(f"no provider entry point named {name!r} in group {ENTRY_POINT_GROUP!r}; known: {known}")
+        record = _state.records[name]
+        if record.status in (ProviderStatus.NOT_LOADED, ProviderStatus.BLOCKED):
+            _load(name, explicit=True)
+        return record
 
 
 def provider_records() -> list[ProviderRecord]:
-    """Every discovered provider with its status (runs discovery if it has not run)."""
-    load_providers()
-    return [_state.records[n] for n in sorted(_state.records)]
+    """Every discovered provider with its final status (runs discovery if it has not run).
+
+    The hooks run here too (the platform, and the default and adjusted priorities of every
+    mode), so a plugin whose hook raises or returns something invalid is already shown as
+    failed: ``providers list``, ``doctor`` and an op call report one and the same status.
+    """
+    ensure_loaded()
+    with registry.lock:
+        current_platform()
+        for mode in _priority.MODES:
+            merged_defaults(mode)
+        return [_state.records[n] for n in sorted(_state.records)]
 
 
 def current_platform() -> Any:
     """The platform of this process: one claimed by a plugin, else detected from torch."""
-    from vllm_ir import platforms
-
-    load_providers()
-    if _state.platform is None:
-        claims = [(name, p) for name, p in _call_hook("vllm_ir_platform") if p is not None]
-        if len(claims) > 1:
-            names = " and ".join(sorted(f"{n!r}" for n, _ in claims))
-            for name, _ in claims:
-                _fail(name, ProviderStatus.FAILED, f"both {names} claim the platform; neither is used")
-            _state.platform = platforms.detect()
-        elif claims:
-            name, claimed = claims[0]
-            _state.platform = _as_claimed(claimed, name)
-        else:
-            _state.platform = platforms.detect()
-    return _state.platform
+    ensure_loaded()
+    platform = _state.platform
+    if platform is not None:
+        return platform
+    with registry.lock:
+        if _state.platform is None:
+            platform = _choose_platform()
+            _state.platform = platform  # after _choose_platform: a failing claim resets it
+            log.debug("platform: %s", platform.describe() if _state.claimant else f"{platform.name} (detected)")
+        return _state.platform
 
 
 def merged_defaults(mode: str) -> dict[str, list[tuple[str, str]]]:
@@ -156,33 +177,20 @@ def merged_defaults(mode: str) -> dict[str, list[tuple[str, str]]]:
     cached = _state.defaults.get(mode)
     if cached is not None:
         return cached
-    for _attempt in range(len(_state.records) + 1):
-        generation = _state.generation
-        merged = _merge_defaults(mode)
-        if generation == _state.generation:  # no plugin failed (and was withdrawn) meanwhile
-            break
-    _state.defaults[mode] = merged
-    return merged
-
-
-def _merge_defaults(mode: str) -> dict[str, list[tuple[str, str]]]:
-    platform = current_platform()
-    merged: dict[str, list[tuple[str, str]]] = {}
-    _merge(merged, platform.default_priority(mode), f"platform {platform.name}")
-    for plugin, contribution in _call_hook("vllm_ir_default_priority", platform=platform, mode=mode):
-        if contribution:
-            _merge(merged, contribution, f"provider {plugin}", plugin)
-    adjusters = _hook_impls("vllm_ir_adjust_priority")
-    for op in registry.all_ops():
-        entries = merged.get(op.name, [])
-        for impl in adjusters:
-            args = {"op_name": op.name, "priority": [p for p, _ in entries], "platform": platform, "mode": mode}
-            ok, adjusted = _call_one(impl, "vllm_ir_adjust_priority", args)
-            if ok and adjusted is not None:
-                entries = _adjusted(entries, adjusted, impl.plugin_name)
-        if entries:
-            merged[op.name] = entries
-    return merged
+    ensure_loaded()
+    with registry.lock:
+        cached = _state.defaults.get(mode)
+        if cached is not None:
+            return cached
+        for _attempt in range(len(_state.records) + 1):
+            generation = _state.generation
+            merged = _merge_defaults(mode)
+            if generation == _state.generation:  # no plugin failed (and was withdrawn) meanwhile
+                break
+        _state.defaults[mode] = merged
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("default priorities (%s): %s", mode, _describe_defaults(merged) or "none")
+        return merged
 
 
 def plugin_manager() -> Any:
@@ -190,24 +198,46 @@ def plugin_manager() -> Any:
     if _state.manager is None:
         import pluggy
 
-        from vllm_ir import hookspecs
-
-        manager = pluggy.PluginManager(hookspecs.PROJECT)
-        manager.add_hookspecs(hookspecs)
-        _state.manager = manager
+        with registry.lock:
+            if _state.manager is None:
+                manager = pluggy.PluginManager(hookspecs.PROJECT)
+                manager.add_hookspecs(hookspecs)
+                _state.manager = manager
     return _state.manager
 
 
 def reset_for_tests() -> None:
     """Forget discovery (withdrawing what providers registered) so a test can rescan."""
-    for record in _state.records.values():
-        _withdraw(record)
-    _state.__init__()  # type: ignore[misc]
-    _invalidate_defaults()
+    with registry.lock:
+        for record in _state.records.values():
+            _withdraw(record)
+        _state.__init__()  # type: ignore[misc]
+        _invalidate_defaults()
 
 
 # ---------------------------------------------------------------------------------------
 # Discovery and loading
+
+
+def _autoload() -> None:
+    _state.autoloaded = True
+    try:
+        _scan()
+        if _env_flag(ENV_NO_AUTOLOAD):
+            for record in _state.records.values():
+                if record.status is ProviderStatus.NOT_LOADED:
+                    record.reason = f"{ENV_NO_AUTOLOAD}=1; load it with vllm_ir.load_provider({record.name!r})"
+            log.debug("%s=1: no provider is loaded automatically", ENV_NO_AUTOLOAD)
+        else:
+            for name in sorted(_state.records):  # a fixed order: duplicate names resolve the same way
+                if _state.records[name].status is ProviderStatus.NOT_LOADED:
+                    _load(name)
+    except KeyboardInterrupt:
+        _state.autoloaded = False  # the next call resumes with the providers not loaded yet
+        raise
+    finally:
+        _invalidate_defaults()  # nothing decided from a half-loaded registry outlives loading
+        _state.ready = _state.autoloaded
 
 
 def _scan() -> None:
@@ -221,6 +251,7 @@ def _scan() -> None:
         record = ProviderRecord(
             ep.name, ep.value, dist.metadata["Name"] if dist else None, dist.version if dist else None
         )
+        log.debug("found entry point %s = %s (%s %s)", ep.name, ep.value, record.distribution, record.version)
         if ep.name in _state.records:
             first = _state.records[ep.name]
             if first.distribution == record.distribution:
@@ -229,6 +260,7 @@ def _scan() -> None:
             record.status = ProviderStatus.FAILED
             record.reason = f"entry point name {ep.name!r} is already used by {first.distribution}"
             _state.records[record.name] = record
+            log.debug("provider %r failed: %s", record.name, record.reason)
             continue
         _state.entry_points[ep.name] = ep
         _state.records[ep.name] = record
@@ -236,6 +268,8 @@ def _scan() -> None:
             record.status, record.reason = ProviderStatus.BLOCKED, f"not in {ENV_ALLOW}={','.join(sorted(allow))}"
         elif ep.name in deny:
             record.status, record.reason = ProviderStatus.BLOCKED, f"listed in {ENV_DENY}"
+        if record.status is ProviderStatus.BLOCKED:
+            log.debug("provider %r blocked: %s", ep.name, record.reason)
 
 
 def _load(name: str, explicit: bool = False) -> None:
@@ -243,18 +277,29 @@ def _load(name: str, explicit: bool = False) -> None:
     if record.status is ProviderStatus.BLOCKED and not explicit:
         return
     ep = _state.entry_points[name]
-    problem = _core_requirement_problem(ep)
+    ok, problem = _guard(name, "reading its distribution metadata", _core_requirement_problem, ep)
+    if not ok:
+        return
     if problem is not None:
         _fail(name, ProviderStatus.INCOMPATIBLE, problem)
         return
-    before = _registered_impls()
+    log.debug("loading provider %r: importing %s", name, ep.value)
+    ops_before = {op.name for op in registry.all_ops()}
+    impls_before = _registered_impls()
     try:
         module = ep.load()
-    except Exception as exc:
-        record.implementations = _new_impls(before)
-        _fail(name, ProviderStatus.FAILED, f"import of {ep.value} failed: {type(exc).__name__}: {exc}", exc)
+    except PluginError:
+        raise  # strict mode, from a discovery the import itself started
+    except KeyboardInterrupt:
+        # Ctrl-C belongs to the user: stop, but leave no half-registered plugin behind.
+        _note_registrations(record, ops_before, impls_before)
+        _record_failure(name, ProviderStatus.FAILED, f"import of {ep.value} was interrupted (KeyboardInterrupt)")
+        raise
+    except BaseException as exc:  # SystemExit too: a plugin must not end the host process
+        _note_registrations(record, ops_before, impls_before)
+        _fail(name, ProviderStatus.FAILED, f"import of {ep.value} failed: {_describe_exception(exc)}", exc)
         return
-    record.implementations = _new_impls(before)
+    _note_registrations(record, ops_before, impls_before)
     record.module = module if isinstance(module, ModuleType) else None
     try:
         plugin_manager().register(module, name=name)
@@ -274,6 +319,17 @@ def _load(name: str, explicit: bool = False) -> None:
         record.status, record.reason = ProviderStatus.UNSUPPORTED, "; ".join(dict.fromkeys(unsupported))
     else:
         record.status, record.reason = ProviderStatus.LOADED, None
+    if log.isEnabledFor(logging.DEBUG):
+        hooks = sorted(h.name for h in plugin_manager().get_hookcallers(module) or ())
+        log.debug(
+            "loaded provider %r (%s): %s; implementations: %s; ops declared: %s; hooks: %s",
+            name,
+            origin,
+            record.status.value + (f" ({record.reason})" if record.reason else ""),
+            _describe_impls(record.implementations) or "none",
+            ", ".join(record.ops) or "none",
+            ", ".join(hooks) or "none",
+        )
     _invalidate_defaults()
 
 
@@ -298,21 +354,48 @@ def _core_requirement_problem(ep: metadata.EntryPoint) -> str | None:
 
 
 def _fail(name: str, status: ProviderStatus, reason: str, exc: BaseException | None = None) -> None:
+    record = _record_failure(name, status, reason)
+    if _env_flag(ENV_STRICT):
+        raise PluginError(f"provider {name!r} ({record.distribution} {record.version}): {reason}") from exc
+    warnings.warn(f"vllm-ir provider {name!r} disabled: {reason}", RuntimeWarning, stacklevel=_caller_stacklevel())
+
+
+#: Frames of vllm_ir itself: its modules and its generated entry points.
+_OWN_CODE = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<vllm_ir.")
+
+
+def _caller_stacklevel() -> int:
+    """``stacklevel`` for a warning from `_fail` that points at the first line outside vllm_ir."""
+    frame, level = sys._getframe(1), 1  # 1: `_fail` itself
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_CODE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _record_failure(name: str, status: ProviderStatus, reason: str) -> ProviderRecord:
     record = _state.records[name]
     _withdraw(record)
     record.status, record.reason = status, reason
-    if _env_flag(ENV_STRICT):
-        raise PluginError(f"provider {name!r} ({record.distribution} {record.version}): {reason}") from exc
-    warnings.warn(f"vllm-ir provider {name!r} disabled: {reason}", RuntimeWarning, stacklevel=3)
+    log.debug("provider %r %s: %s", name, status.value, reason)
+    return record
 
 
 def _withdraw(record: ProviderRecord) -> None:
-    """Undo what a provider did: its implementations and its hooks."""
+    """Undo what a provider did: its implementations, the ops it declared, and its hooks."""
     for provider, ops in record.implementations.items():
         for op_name in ops:
-            if registry.has_op(op_name):
+            if op_name not in record.ops and registry.has_op(op_name):
                 registry.get_op(op_name).remove_impl(provider)
+    for op_name in record.ops:
+        registry.remove_op(op_name)
+        for other in _state.records.values():  # implementations of it went with the op
+            for provider, ops in list(other.implementations.items()):
+                if op_name in ops:
+                    ops.remove(op_name)
+                    if not ops:
+                        del other.implementations[provider]
     record.implementations = {}
+    record.ops = []
     manager = _state.manager
     if manager is not None and manager.has_plugin(record.name):
         manager.unregister(name=record.name)
@@ -324,11 +407,14 @@ def _registered_impls() -> set[tuple[str, str]]:
     return {(op.name, p) for op in registry.all_ops() for p in op.impls}
 
 
-def _new_impls(before: set[tuple[str, str]]) -> dict[str, list[str]]:
+def _note_registrations(record: ProviderRecord, ops_before: set[str], impls_before: set[tuple[str, str]]) -> None:
+    """Record what an import registered: new ops, and new implementations (an op's native aside)."""
+    record.ops = sorted({op.name for op in registry.all_ops()} - ops_before)
     out: dict[str, list[str]] = {}
-    for op_name, provider in sorted(_registered_impls() - before):
-        out.setdefault(provider, []).append(op_name)
-    return out
+    for op_name, provider in sorted(_registered_impls() - impls_before):
+        if provider != NATIVE:  # a new op's own function: withdrawn with the op
+            out.setdefault(provider, []).append(op_name)
+    record.implementations = out
 
 
 # ---------------------------------------------------------------------------------------
@@ -342,15 +428,31 @@ def _hook_impls(hook_name: str) -> list[Any]:
     return list(reversed(getattr(_state.manager.hook, hook_name).get_hookimpls()))
 
 
+def _guard(plugin: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+    """Run a plugin's code, or a check of what it returned; a failure fails that plugin only.
+
+    ``KeyboardInterrupt`` propagates (it is the user's); ``SystemExit`` and every other
+    exception become the plugin's recorded reason.
+    """
+    try:
+        return True, fn(*args, **kwargs)
+    except (KeyboardInterrupt, PluginError):
+        raise
+    except HookResultError as exc:
+        _fail(plugin, ProviderStatus.FAILED, str(exc), exc)
+    except BaseException as exc:
+        _fail(plugin, ProviderStatus.FAILED, f"{what} raised {_describe_exception(exc)}", exc)
+    return False, None
+
+
 def _call_one(impl: Any, hook_name: str, args: Mapping[str, Any]) -> tuple[bool, Any]:
     """Call one hook implementation; a raising plugin is recorded as failed and withdrawn."""
-    try:
+    plugin = impl.plugin_name
+    if plugin not in _state.records:  # registered on the manager by hand, not discovered
         return True, impl.function(*[args[a] for a in impl.argnames])
-    except Exception as exc:
-        if impl.plugin_name not in _state.records:
-            raise
-        _fail(impl.plugin_name, ProviderStatus.FAILED, f"hook {hook_name} raised {type(exc).__name__}: {exc}", exc)
-        return False, None
+    if _state.manager is None or not _state.manager.has_plugin(plugin):
+        return False, None  # failed (and withdrawn) earlier in this round of hook calls
+    return _guard(plugin, f"hook {hook_name}", impl.function, *[args[a] for a in impl.argnames])
 
 
 def _call_hook(hook_name: str, **args: Any) -> list[tuple[str, Any]]:
@@ -363,36 +465,83 @@ def _call_hook(hook_name: str, **args: Any) -> list[tuple[str, Any]]:
     return results
 
 
-def _merge(merged: dict[str, list[tuple[str, str]]], contribution: Any, source: str, plugin: str | None = None) -> None:
-    if not isinstance(contribution, Mapping):
-        if plugin is not None:
-            _fail(
-                plugin,
-                ProviderStatus.FAILED,
-                f"vllm_ir_default_priority returned {type(contribution).__name__}, expected a dict",
-            )
-        return
+def _checked(plugin: str, check: Callable[..., Any], result: Any, **context: Any) -> tuple[bool, Any]:
+    """Validate one hook result (`vllm_ir.hookspecs`); an invalid one fails ``plugin``."""
+    if plugin not in _state.records:
+        return True, check(result, **context)
+    return _guard(plugin, f"checking the result of {check.__name__}", check, result, **context)
+
+
+def _choose_platform() -> Any:
+    from vllm_ir import platforms
+
+    _state.claimant = None
+    claims = []
+    for plugin, result in _call_hook("vllm_ir_platform"):
+        ok, claimed = _checked(plugin, hookspecs.check_platform, result)
+        if ok and claimed is not None:
+            claims.append((plugin, claimed))
+    if len(claims) > 1:
+        names = " and ".join(sorted(f"{n!r}" for n, _ in claims))
+        for plugin, _ in claims:
+            _fail(plugin, ProviderStatus.FAILED, f"both {names} claim the platform; neither is used")
+        return platforms.detect()
+    if claims:
+        plugin, claimed = claims[0]
+        _state.claimant = plugin
+        return _as_claimed(claimed, plugin)
+    return platforms.detect()
+
+
+def _merge_defaults(mode: str) -> dict[str, list[tuple[str, str]]]:
+    platform = current_platform()
+    merged: dict[str, list[tuple[str, str]]] = {}
+    if _state.claimant is None:  # built in: part of vllm-ir itself
+        base: Any = hookspecs.check_default_priority(platform.default_priority(mode))
+    else:
+        _ok, base = _guard(
+            _state.claimant,
+            f"platform {platform.name!r} default_priority({mode!r})",
+            lambda: hookspecs.check_default_priority(
+                platform.default_priority(mode), what=f"platform {platform.name!r} default_priority({mode!r})"
+            ),
+        )
+    _merge(merged, base or {}, f"platform {platform.name}")
+    for plugin, result in _call_hook("vllm_ir_default_priority", platform=platform, mode=mode):
+        ok, contribution = _checked(plugin, hookspecs.check_default_priority, result)
+        if ok:
+            _merge(merged, contribution, f"provider {plugin}")
+    adjusters = _hook_impls("vllm_ir_adjust_priority")
+    for op in registry.all_ops():
+        entries = merged.get(op.name, [])
+        for impl in adjusters:
+            before = [p for p, _ in entries]
+            args = {"op_name": op.name, "priority": list(before), "platform": platform, "mode": mode}
+            ok, result = _call_one(impl, "vllm_ir_adjust_priority", args)
+            if ok:
+                ok, adjusted = _checked(
+                    impl.plugin_name, hookspecs.check_adjusted_priority, result, op_name=op.name, before=before
+                )
+                if ok and adjusted is not None:
+                    entries = _adjusted(entries, adjusted, impl.plugin_name)
+        if entries:
+            merged[op.name] = entries
+    return merged
+
+
+def _merge(merged: dict[str, list[tuple[str, str]]], contribution: Mapping[str, Sequence[str]], source: str) -> None:
     for op_name, providers in contribution.items():
-        if isinstance(providers, str) or not isinstance(providers, Iterable):
-            if plugin is not None:
-                _fail(plugin, ProviderStatus.FAILED, f"vllm_ir_default_priority: {op_name!r} must map to a list")
-            return
         entries = merged.setdefault(op_name, [])
         seen = {p for p, _ in entries}
         entries.extend((p, source) for p in providers if p not in seen)
 
 
 def _adjusted(entries: list[tuple[str, str]], new: Sequence[str], plugin: str) -> list[tuple[str, str]]:
-    """Apply one adjust hook's list, keeping each entry's origin and noting the adjustment."""
-    if isinstance(new, str) or not all(isinstance(p, str) for p in new):
-        _fail(plugin, ProviderStatus.FAILED, "vllm_ir_adjust_priority must return a list of provider names or None")
-        return entries
+    """Apply one adjust hook's (checked) list, keeping each entry's origin and noting the adjustment."""
     sources = dict(entries)
     if list(new) == [p for p, _ in entries]:
         return entries
-    return [
-        (p, f"{sources[p]}, moved by {plugin}" if p in sources else f"added by {plugin}") for p in dict.fromkeys(new)
-    ]
+    return [(p, f"{sources[p]}, moved by {plugin}" if p in sources else f"added by {plugin}") for p in new]
 
 
 def _as_claimed(platform: Any, plugin: str) -> Any:
@@ -406,10 +555,28 @@ def _as_claimed(platform: Any, plugin: str) -> Any:
 
 
 def _invalidate_defaults() -> None:
-    _state.defaults.clear()
-    _state.platform = None
-    _state.generation += 1
-    registry.invalidate()
+    with registry.lock:
+        _state.defaults.clear()
+        _state.platform = None
+        _state.claimant = None
+        _state.generation += 1
+        registry.invalidate()
+
+
+def _describe_exception(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: the plugin called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _describe_impls(implementations: Mapping[str, Sequence[str]]) -> str:
+    return "; ".join(f"{p}: {', '.join(ops)}" for p, ops in implementations.items())
+
+
+def _describe_defaults(merged: Mapping[str, Sequence[tuple[str, str]]]) -> str:
+    return "; ".join(
+        f"{op}: " + ", ".join(f"{p} [{source}]" for p, source in entries) for op, entries in sorted(merged.items())
+    )
 
 
 def _env_flag(name: str) -> bool:
@@ -425,5 +592,5 @@ def _env_list(name: str) -> set[str] | None:
 
 def install() -> None:
     """Wire discovery into the core: lazy loading and the defaults layer."""
-    registry.set_providers_loader(load_providers)
+    registry.set_providers_loader(ensure_loaded)
     _priority.set_defaults_source(merged_defaults)

@@ -6,8 +6,12 @@ exactly like installed wheels, so discovery runs its real code path.
 
 from __future__ import annotations
 
+import importlib
+import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 GOOD_IMPL = """
 import vllm_ir
@@ -43,3 +47,32 @@ def make_dist(
     (info / "METADATA").write_text("\n".join(meta) + "\n")
     (info / "entry_points.txt").write_text(f"[vllm_ir.providers]\n{entry} = {module}\n")
     return root
+
+
+def isolated_site(root: Path, monkeypatch: Any) -> Iterator[Path]:
+    """Body of a ``site`` fixture: ``root`` on sys.path, plugin env vars unset, discovery reset.
+
+    Modules named ``tp_*`` that a test imported are forgotten afterwards. Use as
+    ``yield from isolated_site(tmp_path, monkeypatch)``.
+    """
+    from vllm_ir import plugins
+
+    monkeypatch.syspath_prepend(str(root))
+    for var in (
+        "VLLM_IR_DISABLE_PLUGIN_AUTOLOAD",
+        "VLLM_IR_PROVIDERS",
+        "VLLM_IR_DISABLE_PROVIDERS",
+        "VLLM_IR_STRICT_PLUGINS",
+        "VLLM_IR_OOT_PLATFORM",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    importlib.invalidate_caches()
+    plugins.reset_for_tests()
+    modules_before = set(sys.modules)
+    yield root
+    sys.path.remove(str(root))
+    importlib.invalidate_caches()
+    plugins.reset_for_tests()
+    for name in set(sys.modules) - modules_before:
+        if name.startswith("tp_"):
+            del sys.modules[name]

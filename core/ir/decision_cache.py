@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vllm_ir.ir import fallback, fast_lookup, selection
+from vllm_ir.ir import fallback, fast_lookup, registry, selection
 from vllm_ir.ir import priority as _priority
 from vllm_ir.log import get_logger
 
@@ -47,6 +47,7 @@ class DecisionCache:
     def on_miss(self, key: tuple, args: tuple) -> Decision:
         """Cache miss of the eager hot path: decide, apply the fallback policy, maybe cache."""
         op = self.op
+        epoch = registry.epoch
         decision = selection.decide(op, args, "eager", key[0])
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug(
@@ -59,7 +60,9 @@ class DecisionCache:
             )
         if decision.skipped:
             fallback.apply(op, decision)
-        if not decision.skipped and decision.impl.supports_args is None:
+        if epoch != registry.epoch:
+            pass  # priorities or registrations changed meanwhile (another thread): run it, don't keep it
+        elif not decision.skipped and decision.impl.supports_args is None:
             # Nothing was skipped, so the first candidate ran, and it accepts every call:
             # no per-call key is needed in this scope.
             self.fixed[key[0]] = decision
@@ -81,8 +84,9 @@ class DecisionCache:
         key = self.key(scope, *args)
         decision = self.kernel_decisions.get(key)
         if decision is None:
+            epoch = registry.epoch
             decision = selection.decide(self.op, args, "eager", scope)
-            if decision.cacheable:
+            if decision.cacheable and epoch == registry.epoch:
                 if len(self.kernel_decisions) >= MAX_CACHED_DECISIONS:
                     self.kernel_decisions.clear()
                 self.kernel_decisions[key] = decision
@@ -108,7 +112,6 @@ def _retire(decisions: dict[tuple, Decision], op_name: str) -> None:
 
 def dispatch_stats() -> dict[str, dict[str, dict[str, int]]]:
     """How often each provider was skipped in favour of a lower one: ``{op: {provider: {reason: calls}}}``."""
-    from vllm_ir.ir import registry
 
     counts = Counter(_retired_skips)
     for op in registry.all_ops():
@@ -124,8 +127,6 @@ def dispatch_stats() -> dict[str, dict[str, dict[str, int]]]:
 
 def reset_dispatch_stats() -> None:
     """Zero the statistics and forget which warnings were shown."""
-    from vllm_ir.ir import registry
-
     _retired_skips.clear()
     fallback.forget_warnings()
     selection.forget_predicate_errors()

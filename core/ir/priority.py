@@ -4,6 +4,10 @@ Layers, lowest first: defaults (platform and provider hooks, per mode) < the
 ``VLLM_IR_OP_PRIORITY`` environment variable < `set_priority` (process-wide) < the scoped
 `priority` context (per thread/task, nests). Each layer's list is placed in front of the
 layers below it; the first occurrence of a provider wins; ``native`` always closes the list.
+
+Everything here that is built lazily (settings, resolved lists, interned scopes) is built
+under `registry.lock` after provider discovery has finished, so a thread's first call never
+sees a half-loaded set of providers; cache hits take no lock.
 """
 
 from __future__ import annotations
@@ -117,25 +121,31 @@ current_scope = scope_var.get
 
 def settings() -> Settings:
     global _settings
-    if _settings is None:
-        registry.ensure_providers_loaded()
-        _settings = _read_env(os.environ)
-    return _settings
+    current = _settings
+    if current is not None:
+        return current
+    registry.ensure_providers_loaded()  # the environment names plugin providers
+    with registry.lock:
+        if _settings is None:
+            _settings = _read_env(os.environ)
+        return _settings
 
 
 def reload_env() -> Settings:
     """Re-read ``VLLM_IR_OP_PRIORITY``, ``VLLM_IR_FALLBACK`` and ``VLLM_BATCH_INVARIANT``."""
     global _settings
-    _settings = None
-    registry.invalidate()
-    return settings()
+    with registry.lock:
+        _settings = None
+        registry.invalidate()
+        return settings()
 
 
 def set_defaults_source(source: DefaultsSource | None) -> None:
     """Install where default priorities come from (the plugin layer's merged hooks)."""
     global _defaults_source
-    _defaults_source = source
-    registry.invalidate()
+    with registry.lock:
+        _defaults_source = source
+        registry.invalidate()
 
 
 def set_priority(**op_priorities: Sequence[str] | None) -> None:
@@ -145,18 +155,20 @@ def set_priority(**op_priorities: Sequence[str] | None) -> None:
     list) clears the op's process-wide list. Unknown ops or providers raise `PriorityError`.
     """
     validated = {op: _validate(op, providers, "set_priority") for op, providers in op_priorities.items()}
-    for op, providers in validated.items():
-        if providers:
-            _global[op] = providers
-        else:
-            _global.pop(op, None)
-    registry.invalidate()
+    with registry.lock:
+        for op, providers in validated.items():
+            if providers:
+                _global[op] = providers
+            else:
+                _global.pop(op, None)
+        registry.invalidate()
 
 
 def clear_priority() -> None:
     """Forget every `set_priority` list."""
-    _global.clear()
-    registry.invalidate()
+    with registry.lock:
+        _global.clear()
+        registry.invalidate()
 
 
 @contextlib.contextmanager
@@ -171,7 +183,8 @@ def priority(**op_priorities: Sequence[str]) -> Iterator[None]:
     lists = new + (outer.lists if outer is not None else ())
     scope = _interned_scopes.get(lists)
     if scope is None:
-        scope = _interned_scopes.setdefault(lists, _Scope(lists))
+        with registry.lock:  # one _Scope per stack: decision caches are keyed by its identity
+            scope = _interned_scopes.setdefault(lists, _Scope(lists))
     token = scope_var.set(scope)
     try:
         yield
@@ -181,10 +194,20 @@ def priority(**op_priorities: Sequence[str]) -> Iterator[None]:
 
 def resolve(op: IrOp, mode: Mode = "eager", scope: _Scope | None = None) -> ResolvedPriority:
     """Merge every layer for ``op`` and classify each entry (cached until invalidated)."""
+    registry.ensure_providers_loaded()  # waits while another thread runs discovery
     key = (op.name, mode, scope)
     hit = _resolved.get(key)
     if hit is not None:
         return hit
+    with registry.lock:
+        epoch = registry.epoch
+        resolved = _resolve(op, mode, scope)
+        if registry.epoch == epoch:  # nothing changed while it was built (a failing hook may withdraw a plugin)
+            _resolved[key] = resolved
+        return resolved
+
+
+def _resolve(op: IrOp, mode: Mode, scope: _Scope | None) -> ResolvedPriority:
     st = settings()
     raw: list[PriorityEntry] = []
     if scope is not None:
@@ -232,9 +255,7 @@ def resolve(op: IrOp, mode: Mode = "eager", scope: _Scope | None = None) -> Reso
             entries.append(ResolvedEntry(entry, EntryStatus.CANDIDATE))
             candidates.append((impl, entry))
             closed = impl.supports_args is None
-    resolved = ResolvedPriority(tuple(entries), tuple(candidates))
-    _resolved[key] = resolved
-    return resolved
+    return ResolvedPriority(tuple(entries), tuple(candidates))
 
 
 def parse_priority_spec(spec: str, *, source: str = ENV_PRIORITY) -> dict[str, tuple[str, ...]]:

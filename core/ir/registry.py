@@ -3,10 +3,16 @@
 Anything that can change a dispatch decision (a new implementation, a removed provider, a
 priority change, a re-read environment) calls `invalidate`, which bumps `epoch` and clears
 the per-op decision caches and resolved priority lists.
+
+`lock` guards every slow path that builds shared state: provider discovery, the merged
+default priorities, resolved priority lists and the table itself. It is re-entrant because
+discovery re-enters itself (a plugin's import registers implementations, which invalidate;
+a hook may ask for a priority). The hot path, a cached decision, never takes it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -19,11 +25,32 @@ _ops: dict[str, IrOp] = {}
 _invalidation_listeners: list[Callable[[], None]] = []
 _providers_loader: Callable[[], None] | None = None
 epoch = 0
+#: Held while discovery runs and while any lazily built structure is built (see above).
+lock = threading.RLock()
 
 
 def add_op(op: IrOp) -> None:
-    _ops[op.name] = op
-    invalidate()
+    with lock:
+        _ops[op.name] = op
+        invalidate()
+
+
+def remove_op(name: str) -> IrOp | None:
+    """Withdraw an op completely, its ``torch.ops.vllm_ir`` definition included.
+
+    Used when the plugin that declared it fails after ``register_op`` ran, so that the name
+    is free again and nothing refers to a half-loaded plugin.
+    """
+    with lock:
+        op = _ops.pop(name, None)
+        if op is None:
+            return None
+        library = getattr(op, "_library", None)
+        if library is not None:
+            library._destroy()  # also drops the cached torch.ops.vllm_ir.<name> packet
+            op._library = None
+        invalidate()
+        return op
 
 
 def has_op(name: str) -> bool:
@@ -50,11 +77,12 @@ def on_invalidate(listener: Callable[[], None]) -> None:
 def invalidate() -> None:
     """Drop every cached decision and resolved priority list."""
     global epoch
-    epoch += 1
-    for op in _ops.values():
-        op._clear_decisions()
-    for listener in _invalidation_listeners:
-        listener()
+    with lock:
+        epoch += 1
+        for op in list(_ops.values()):
+            op.decision_cache.clear()
+        for listener in _invalidation_listeners:
+            listener()
 
 
 def set_providers_loader(loader: Callable[[], None] | None) -> None:
@@ -64,7 +92,11 @@ def set_providers_loader(loader: Callable[[], None] | None) -> None:
 
 
 def ensure_providers_loaded() -> None:
-    """Run provider discovery if it has not run yet; cheap after the first call."""
+    """Run provider discovery if it has not run yet; cheap after the first call.
+
+    While another thread runs discovery this waits for it to finish, so that no thread
+    decides anything from a half-loaded set of providers.
+    """
     if _providers_loader is not None:
         _providers_loader()
 
