@@ -190,6 +190,16 @@ def _doctor_report() -> dict[str, Any]:
         if r.status in (vllm_ir.ProviderStatus.LOADED, vllm_ir.ProviderStatus.NOT_LOADED):
             continue
         problems.append({"provider": r.name, "status": r.status.value, "reason": r.reason, "fix": _suggest_fix(r)})
+    for (op_name, provider), problem in sorted(_probe_predicates().items()):
+        problems.append(
+            {
+                "provider": provider,
+                "status": "predicate error",
+                "reason": f"op {op_name}: {problem}",
+                "fix": f"a bug in {provider}'s supports_args for {op_name} (it is skipped for such calls); "
+                "report it to the provider",
+            }
+        )
     return {
         "vllm_ir": vllm_ir.__version__,
         "python": sys.version.split()[0],
@@ -207,6 +217,38 @@ def _doctor_report() -> dict[str, Any]:
         "providers": {r.name: r.status.value for r in records},
         "problems": problems,
     }
+
+
+def _probe_predicates() -> dict[tuple[str, str], str]:
+    """Ask every supported predicate about generated inputs; those that raise or return garbage.
+
+    A broken predicate only shows on the calls that reach it, so the doctor makes a few
+    typical ones (2-D and 3-D, fp32 and bf16, on CPU) for every op with an input generator.
+    """
+    import warnings
+
+    import torch
+
+    import vllm_ir
+    from vllm_ir.ir import selection
+
+    for op in vllm_ir.ops:
+        if op._input_generator is None:
+            continue
+        for shape, dtype in (((4, 64), torch.float32), ((2, 3, 64), torch.bfloat16)):
+            try:
+                args = op._bind(op.generate_inputs(shape, dtype, "cpu"))
+            except Exception:  # an op whose generator wants other shapes: nothing to probe with
+                continue
+            for impl in op.impls.values():
+                if impl.supported and impl.supports_args is not None:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        try:
+                            selection.ask(impl, args)
+                        except vllm_ir.PredicateError:  # VLLM_IR_FALLBACK=error: recorded all the same
+                            pass
+    return selection.predicate_errors()
 
 
 def _suggest_fix(record: Any) -> str:

@@ -19,7 +19,20 @@ def site(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("site")
     make_dist(root, "tp-cli-good", GOOD_IMPL.format(provider="tp_cli_good"))
     make_dist(root, "tp-cli-broken", "import tp_missing_vendor_library\n")
+    make_dist(root, "tp-cli-raising-predicate", RAISING_PREDICATE)
     return root
+
+
+RAISING_PREDICATE = """
+import vllm_ir
+
+def supports(x, weight, epsilon, variance_size=None):
+    return {4096: True}[x.shape[-1]]  # a lookup table that forgot most hidden sizes
+
+@vllm_ir.ops.rms_norm.register_impl("tp_cli_picky", supports_args=supports)
+def rms_norm(x, weight, epsilon, variance_size=None):
+    return vllm_ir.ops.rms_norm.fn(x, weight, epsilon, variance_size)
+"""
 
 
 def run(site: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -105,3 +118,13 @@ def test_errors_go_to_stderr_with_nonzero_exit(site):
     assert bad_shape.returncode == 2 and "invalid shape '16xabc'" in bad_shape.stderr
     bad_env = run(site, "ops", env={"VLLM_IR_OP_PRIORITY": "rms_norm=;x"})
     assert bad_env.returncode == 1 and "VLLM_IR_OP_PRIORITY" in bad_env.stderr
+
+
+def test_doctor_reports_a_predicate_that_raises(site):
+    result = run(site, "doctor", "--json")
+    assert result.returncode == 0, result.stderr
+    problems = [p for p in json.loads(result.stdout)["problems"] if p["status"] == "predicate error"]
+    assert [p["provider"] for p in problems] == ["tp_cli_picky"]
+    assert "op rms_norm: supports_args raised KeyError: 64" in problems[0]["reason"]
+    text = run(site, "doctor").stdout
+    assert "tp_cli_picky: predicate error: op rms_norm: supports_args raised KeyError: 64" in text

@@ -115,17 +115,18 @@ def forget_predicate_errors() -> None:
 
 def _predicate_failed(impl: IrOpImpl, problem: str, exc: BaseException | None) -> Unsupported:
     message = f"op {impl.op_name!r}, provider {impl.provider!r}: {problem}"
+    key = (impl.op_name, impl.provider)
+    first = key not in _predicate_errors
+    _predicate_errors[key] = problem
     if _priority.settings().fallback == "error":
         raise PredicateError(message + " [VLLM_IR_FALLBACK=error]") from exc
-    key = (impl.op_name, impl.provider)
-    if key not in _predicate_errors:
+    if first:
         _log.warning("%s; the provider is skipped", message, exc_info=exc)
         warnings.warn(
             f"{message}; the provider is skipped for such calls (a bug in the provider; shown once)",
             ProviderWarning,
             stacklevel=user_stacklevel(),
         )
-    _predicate_errors[key] = problem
     return Unsupported(f"predicate error: {problem}")
 
 
