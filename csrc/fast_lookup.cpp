@@ -47,13 +47,16 @@ constexpr int kDeviceTypeBits = 8;
 constexpr int kDeviceIndexBits = 9;
 //: Tensors with more dimensions go to Python (the facts buffer lives on the stack).
 constexpr int64_t kMaxDims = 24;
-constexpr Py_ssize_t kMaxFacts = 1 + 2 * kMaxDims;
+constexpr Py_ssize_t kMaxFacts = 2 + 2 * kMaxDims;
 
 // Writes the facts of an exact torch.Tensor / nn.Parameter into `facts` and returns how many,
 // or -1 when Python must look (not strided, too many dimensions, a field too large, or a
-// tensor whose facts throw: functorch wrappers and the like). `token`: the leading
-// dimension is the token (batch) count, which predicates must not read, so it is left out.
-Py_ssize_t tensor_facts(PyObject* obj, bool token, int64_t* facts) noexcept {
+// tensor whose facts throw: functorch wrappers and the like). `token`: a tensor of 2 or more
+// dimensions has the token (batch) count as its leading dimension, which predicates must not
+// read, so it is left out. `lead` (when not null): the token count of the call's first such
+// tensor (-1 until one is seen); whether this one has the same count is a fact (a [1, H]
+// residual broadcast against a [T, H] activation is not the same call as a [T, H] one).
+Py_ssize_t tensor_facts(PyObject* obj, bool token, int64_t* lead, int64_t* facts) noexcept {
   try {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.layout() != c10::kStrided) {
@@ -74,8 +77,15 @@ Py_ssize_t tensor_facts(PyObject* obj, bool token, int64_t* facts) noexcept {
     Py_ssize_t n = 1;
     const auto sizes = t.sizes();
     const auto strides = t.strides();
-    for (int64_t d = (token && dim > 0) ? 1 : 0; d < dim; ++d) {
+    const bool drop_token = token && dim >= 2;
+    for (int64_t d = drop_token ? 1 : 0; d < dim; ++d) {
       facts[n++] = sizes[d];
+    }
+    if (drop_token && lead != nullptr) {
+      if (*lead < 0) {
+        *lead = sizes[0];
+      }
+      facts[n++] = sizes[0] == *lead;
     }
     for (int64_t d = 0; d < dim; ++d) {
       facts[n++] = strides[d];
@@ -94,6 +104,7 @@ struct Lookup {
   PyObject* compiler_globals;  // torch.compiler's module dict: its _is_compiling_flag is read per call
   uint64_t tensor_mask;  // bit i: parameter i is a Tensor / Tensor | None
   uint64_t token_mask;   // bit i: parameter i's leading dimension is the token count
+  bool relate_tokens;    // two or more token parameters: whether their token counts agree is a fact
   Py_ssize_t nargs;
   PyObject* last_key;       // the key of the last dict hit, or NULL
   PyObject* last_decision;  // its decision
@@ -108,6 +119,8 @@ PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
   Py_INCREF(scope);
   PyTuple_SET_ITEM(key, 0, scope);
   bool complete = true;
+  int64_t lead = -1;
+  int64_t* lead_ptr = self->relate_tokens ? &lead : nullptr;
   for (Py_ssize_t i = 0; i < self->nargs && complete; ++i) {
     PyObject* arg = args[i];
     PyObject* item = nullptr;
@@ -116,7 +129,7 @@ PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
         item = Py_NewRef(arg);
       } else if (THPVariable_CheckExact(arg)) {  // subclasses may redefine any fact: Python looks
         int64_t facts[kMaxFacts];
-        const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, facts);
+        const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, lead_ptr, facts);
         if (n < 0) {
           complete = false;
           continue;
@@ -174,6 +187,8 @@ int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* 
   if (PyTuple_GET_ITEM(key, 0) != scope) {
     return 0;
   }
+  int64_t lead = -1;
+  int64_t* lead_ptr = self->relate_tokens ? &lead : nullptr;
   for (Py_ssize_t i = 0; i < self->nargs; ++i) {
     PyObject* arg = args[i];
     PyObject* item = PyTuple_GET_ITEM(key, i + 1);
@@ -185,7 +200,7 @@ int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* 
         return 0;
       }
       int64_t facts[kMaxFacts];
-      const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, facts);
+      const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, lead_ptr, facts);
       if (n < 0 || PyBytes_GET_SIZE(item) != static_cast<Py_ssize_t>(n * sizeof(int64_t)) ||
           std::memcmp(PyBytes_AS_STRING(item), facts, n * sizeof(int64_t)) != 0) {
         return 0;
@@ -325,6 +340,7 @@ int Lookup_init(PyObject* op, PyObject* args, PyObject* kwargs) {
   set_memo(self, nullptr, nullptr);
   self->tensor_mask = mask;
   self->token_mask = token_mask;
+  self->relate_tokens = __builtin_popcountll(token_mask) >= 2;
   self->nargs = n;
   return 0;
 }

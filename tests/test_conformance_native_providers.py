@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import pytest
 import torch
+
+import vllm_ir
 
 if importlib.util.find_spec("vllm_ir_provider_native") is None:
     pytest.skip("providers/native is not installed (scripts/setup.sh installs it)", allow_module_level=True)
@@ -17,3 +20,34 @@ globals().update(conformance_tests("aten"))
 # Each dtype x input variant x layout is one Inductor compile (1-4 s here): fp32 exercises
 # every compiled variant; bf16/fp16 go through the same generated code with other casts.
 globals().update(conformance_tests("inductor", dtypes=(torch.float32,), examples=5))
+
+
+def _load(provider: str) -> None:
+    from vllm_ir.testing import provider_impls
+
+    provider_impls(provider)  # loads the entry point
+
+
+@pytest.mark.parametrize("provider", ["aten", "inductor"])
+@pytest.mark.parametrize("op_name", ["rms_norm", "fused_add_rms_norm"])
+def test_float64_is_declined_with_the_reason(provider, op_name):
+    # native computes float64 in float32 (tests/test_numerics.py): no float64 kernel can match it to 1e-10.
+    _load(provider)
+    op = getattr(vllm_ir.ops, op_name)
+    args = op.generate_inputs((3, 64), torch.float64)
+    with vllm_ir.priority(**{op_name: [provider]}):
+        assert op.dispatch(*args).provider == "native"
+        (verdict, *_) = op.explain(*args).verdicts
+    assert verdict.provider == provider and "float64" in verdict.reason and "float32" in verdict.reason
+
+
+def test_aten_declines_a_weight_on_another_device_so_native_raises_as_it_would():
+    _load("aten")
+    op = vllm_ir.ops.fused_add_rms_norm
+    x, residual, weight, eps, _ = op.generate_inputs((3, 64), torch.float32)
+    with vllm_ir.priority(fused_add_rms_norm=["aten"]):
+        (verdict, *_) = op.explain(x, residual, weight.to("meta"), eps).verdicts
+        assert verdict.status == "declined" and verdict.reason == "weight is on meta, x on cpu"
+        with pytest.raises(RuntimeError), warnings.catch_warnings():
+            warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
+            op(x, residual, weight.to("meta"), eps)

@@ -7,6 +7,7 @@ read, both paths against an uncached decision); raising predicates by tests/test
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -188,3 +189,65 @@ def test_calls_that_need_grad_get_a_grad_fn_and_others_do_not():
                 assert vllm_ir.ops.rms_norm(x, w, EPS).grad_fn is None
             with torch.inference_mode():
                 assert vllm_ir.ops.rms_norm(x.detach(), w, EPS).grad_fn is None
+
+
+# -- key facts that relate arguments ----------------------------------------------------
+
+
+def _same_tokens_only(x, x_residual, weight, epsilon, variance_size=None):
+    return x.shape[0] == x_residual.shape[0] or vllm_ir.Unsupported("broadcast residual")
+
+
+def _fused(x, x_residual, weight, epsilon, variance_size=None):
+    return op.fn(x, x_residual, weight, epsilon, variance_size)
+
+
+def _hidden_64_only(x, weight, epsilon, variance_size=None):
+    return x.shape[-1] == 64 or vllm_ir.Unsupported("hidden size is not 64")
+
+
+def _python_cached_dispatch(ir_op):
+    """``ir_op.cached_dispatch`` as generated without the compiled lookup (same cache dicts)."""
+    from vllm_ir.ir import dispatch, torch_library
+
+    overload = torch_library.overload(ir_op.name)
+    which = dispatch.build_entry_points(ir_op, ir_op.decision_cache, overload, overload, None).which
+    return lambda *args: which(ir_op, *args)
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_a_broadcast_residual_is_not_the_call_its_full_size_twin_was(path):
+    op.register_impl("same_tokens", supports_args=_same_tokens_only)(_fused)
+    cached = op.cached_dispatch if path == "compiled" else _python_cached_dispatch(op)
+    w = torch.randn(8)
+    with vllm_ir.priority(fused_add_rms_norm=["same_tokens"]), torch.no_grad():
+        for t in (3, 1, 5):
+            full, broadcast = (torch.randn(t, 8), torch.randn(t, 8)), (torch.randn(t, 8), torch.randn(1, 8))
+            for args in (full, broadcast, full):
+                expected = op.dispatch(*args, w, EPS).provider
+                assert cached(*args, w, EPS).provider == expected, (t, [a.shape for a in args])
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_a_1d_activation_keeps_its_hidden_size_in_the_key(path):
+    rms = vllm_ir.ops.rms_norm
+    cached = rms.cached_dispatch if path == "compiled" else _python_cached_dispatch(rms)
+    rms.register_impl("hidden64", supports_args=_hidden_64_only)(
+        lambda x, weight, epsilon, variance_size=None: rms.fn(x, weight, epsilon, variance_size)
+    )
+    with vllm_ir.priority(rms_norm=["hidden64"]), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
+        for h in (64, 65, 64):
+            x = torch.randn(h)
+            assert cached(x, None, EPS).provider == rms.dispatch(x, None, EPS).provider
+
+
+def test_gradients_under_torch_func_transforms_are_natives():
+    rms = vllm_ir.ops.rms_norm
+    x, w = torch.randn(3, 16), torch.randn(16)
+
+    def loss(fn, x):
+        return fn(x, w, EPS).square().sum()
+
+    expected = torch.func.grad(lambda x: loss(rms.fn, x))(x)
+    torch.testing.assert_close(torch.func.grad(lambda x: loss(rms, x))(x), expected)

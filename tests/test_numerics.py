@@ -52,3 +52,15 @@ def test_mixed_weight_dtype_follows_type_promotion():
 def test_zero_tokens():
     x, w, eps, _ = vllm_ir.ops.rms_norm.generate_inputs((0, 16), torch.float32)
     assert vllm_ir.ops.rms_norm(x, w, eps).shape == (0, 16)
+
+
+def test_float64_is_computed_in_float32():
+    # The reason no float64 kernel can meet the float64 tolerance (1e-10) against native:
+    # providers leave float64 to native instead of computing it differently.
+    op = vllm_ir.ops.rms_norm
+    x, w, eps, _ = op.generate_inputs((3, 64), torch.float64)
+    out = op(x, w, eps)
+    assert out.dtype == torch.float64
+    assert torch.equal(out, op(x.float(), None, eps).double() * w)
+    atol, rtol = op.tolerance(torch.float64)
+    assert not torch.allclose(out, _rms_norm64(x, w, eps), atol=atol, rtol=rtol)

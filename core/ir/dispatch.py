@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from vllm_ir.ir import fast_lookup
-from vllm_ir.ir.cache_key import freeze, tensor_facts
+from vllm_ir.ir.cache_key import first_token_count, freeze, tensor_facts
 from vllm_ir.ir.priority import current_scope
 from vllm_ir.log import get_logger
 
@@ -88,8 +88,10 @@ def build_entry_points(
         "_donated": donated,
         "_tensors": tensors,
         "_torch_default": torch_default,
+        "_with_autograd": lambda *args: with_autograd(op, torch_default, args),
         "_torch_maybe_inplace": torch_maybe_inplace,
         "_facts": tensor_facts,
+        "_first_token_count": first_token_count,
         "_freeze": freeze,
         "_lookup": lookup.lookup if lookup is not None else None,
         "_compiled_key": lookup.key if lookup is not None else None,
@@ -102,12 +104,14 @@ def build_entry_points(
             env[f"_default_{i}"] = p.default
             params.append(f"{p.name}=_default_{i}")
     call = ", ".join(names)
-    key_parts = ["scope"] + [_key_expr(op, name) for name in names]
+    relate = len(op.token_params) >= 2
+    key_parts = ["scope"] + [_key_expr(op, name, relate) for name in names]
+    prelude = f"lead = _first_token_count({', '.join(op.token_params)})" if relate else ""
     env["_python_key"] = _define(
         op,
         "python_key",
         "_python_key",
-        _guarded("_python_key", f"scope, {call}", f"({', '.join(key_parts)},)", call),
+        _guarded("_python_key", f"scope, {call}", f"({', '.join(key_parts)},)", call, prelude),
         env,
     )
     env["_needs_grad"] = _define(
@@ -132,8 +136,8 @@ def build_entry_points(
         "which": "    return d.impl\n",
     }
     reroutes = {
-        "functional": ("_torch_default", "_torch_default"),
-        "maybe_inplace": ("_torch_maybe_inplace", "_torch_default"),
+        "functional": ("_torch_default", "_with_autograd"),
+        "maybe_inplace": ("_torch_maybe_inplace", "_with_autograd"),
         "which": ("_kernel_choice", "_kernel_choice"),
     }
     entries = []
@@ -158,12 +162,11 @@ def build_entry_points(
     return EntryPoints(entries[0], entries[1], entries[2], key_function)
 
 
-def _guarded(fn_name: str, params: str, expr: str, call: str) -> str:
+def _guarded(fn_name: str, params: str, expr: str, call: str, prelude: str = "") -> str:
     """A generated helper that names the argument of the wrong type instead of an AttributeError."""
     return (
         f"def {fn_name}({params}):\n"
-        f"    try:\n"
-        f"        return {expr}\n"
+        f"    try:\n" + (f"        {prelude}\n" if prelude else "") + f"        return {expr}\n"
         f"    except (AttributeError, TypeError):\n"
         f"        _bad_arguments(({call},))\n"
         f"        raise\n"
@@ -217,6 +220,15 @@ def _define(op: IrOp, what: str, fn_name: str, source: str, env: dict[str, Any])
     return fn
 
 
+def with_autograd(op: IrOp, torch_default: Callable[..., Any], args: tuple) -> Any:
+    """A call that needs gradients: the torch op, whose autograd formula is native's vector-
+    Jacobian product around whichever kernel runs forward. Under torch.func transforms (which
+    cannot run a custom op's autograd formula) the native function itself, which they differentiate."""
+    if torch._C._are_functorch_transforms_active():
+        return op.fn(*args)
+    return torch_default(*args)
+
+
 def check_arguments(op: IrOp, args: tuple) -> None:
     """Name the argument that is not a tensor where the op expects one."""
     for (name, optional), i in zip(op.tensor_params.items(), op.tensor_param_indices, strict=True):
@@ -227,11 +239,12 @@ def check_arguments(op: IrOp, args: tuple) -> None:
             raise TypeError(f"op {op.name!r}: argument {name!r} must be a Tensor, got {type(value).__name__}")
 
 
-def _key_expr(op: IrOp, name: str) -> str:
+def _key_expr(op: IrOp, name: str, relate_tokens: bool) -> str:
     optional = op.tensor_params.get(name)
     if optional is None:
         return f"_freeze({name})" if name in op.list_params else name
-    facts = f"_facts({name}, {name in op.token_params})"
+    token = name in op.token_params
+    facts = f"_facts({name}, True, lead)" if token and relate_tokens else f"_facts({name}, {token})"
     return f"None if {name} is None else {facts}" if optional else facts
 
 

@@ -3,6 +3,10 @@
 ``torch.compile(model, options=vllm_ir.inductor_options())`` or ``vllm_ir.compile(model)``;
 see `vllm_ir.passes.entry` for where each pass runs in Inductor.
 
+What the passes decide (lowering choices with the providers skipped and why, donations,
+clone removals, fusions, the cache uuid Inductor keys on) is logged at DEBUG on the
+``vllm_ir.passes`` logger (``VLLM_IR_LOG_LEVEL=DEBUG``); only compiles log, never eager calls.
+
 Importing this package is cheap: Inductor (several seconds to import) is loaded on first use,
 so ``import vllm_ir`` stays fast for eager users.
 """

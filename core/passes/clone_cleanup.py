@@ -18,11 +18,14 @@ from __future__ import annotations
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.aliasing import AliasAnalysis
 from vllm_ir.passes.lowering import CLONE_META
 from vllm_ir.passes.nodes import input_name
 from vllm_ir.passes.record import CloneDecision, GraphReport
+
+log = get_logger("passes")
 
 
 class CloneCleanupPass(CustomGraphPass):
@@ -43,6 +46,15 @@ class CloneCleanupPass(CustomGraphPass):
                 aliases.union(clone, source)
                 clone.replace_all_uses_with(source)
                 graph.erase_node(clone)
+            log.debug(
+                "clone cleanup: %s %s (argument %s of %s node %s): %s",
+                "removed" if removed else "kept",
+                clone.name,
+                info["param"],
+                info["op"],
+                info["ir_node"],
+                reason,
+            )
             if report is not None:
                 report.clones.append(
                     CloneDecision(clone.name, info["op"], info["ir_node"], info["param"], removed, reason)

@@ -30,6 +30,7 @@ from torch import fx
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass, CustomInferenceAwareGraphPass
 
+from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.clone_cleanup import CloneCleanupPass
 from vllm_ir.passes.functionalize import FunctionalizeInplacePass
@@ -44,6 +45,8 @@ PRE_GRAD = "pre_grad_custom_pass"
 POST_PRE = "post_grad_custom_pre_pass"
 POST_POST = "post_grad_custom_post_pass"
 _RECORD_ATTR = "_vllm_ir_record"
+
+log = get_logger("passes")
 
 
 class IrPipelinePass(CustomInferenceAwareGraphPass):
@@ -83,7 +86,7 @@ class IrPipelinePass(CustomInferenceAwareGraphPass):
             if next(ir_nodes(graph), None) is None:
                 return
             report = GraphReport()
-            self._timed("fusion", self.fusion, graph, report)
+            self._fuse(graph, report)
             order = {n.name: i for i, n in enumerate(ir_nodes(graph))}
             self.shared[graph] = (report, order)
             self._timed("lowering", self.lowering, graph, report, functional_only=True, order=order)
@@ -93,7 +96,7 @@ class IrPipelinePass(CustomInferenceAwareGraphPass):
             if next(ir_nodes(graph), None) is None:
                 return  # nothing of ours in this graph (e.g. a piece without IR ops)
             report = GraphReport()
-            self._timed("fusion", self.fusion, graph, report)
+            self._fuse(graph, report)
             order = {n.name: i for i, n in enumerate(ir_nodes(graph))}
         else:
             report, order = seen
@@ -103,6 +106,12 @@ class IrPipelinePass(CustomInferenceAwareGraphPass):
         if self.keep_code:
             report.code = graph.python_code("self").src
         publish(report)
+
+    def _fuse(self, graph: fx.Graph, report: GraphReport) -> None:
+        before = len(report.fusions)
+        self._timed("fusion", self.fusion, graph, report)
+        for done in report.fusions[before:]:
+            log.debug("fusion %s", done)
 
     def _timed(self, name: str, stage: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         start = time.perf_counter()
@@ -125,8 +134,11 @@ class ChainedPass(CustomInferenceAwareGraphPass):
     graph only. Members that are inference-aware get the flag, others just the graph.
     """
 
-    def __init__(self, passes: Sequence[Any]):
+    def __init__(self, passes: Sequence[Any], name: str = "custom passes"):
         self.passes = tuple(passes)
+        #: What the chain is for (the Inductor config key), in log messages.
+        self.name = name
+        self._logged_uuid: str | None = None
 
     def __call__(self, graph: fx.Graph, is_inference: bool = True) -> None:
         for p in self.passes:
@@ -140,9 +152,21 @@ class ChainedPass(CustomInferenceAwareGraphPass):
         for p in self.passes:
             uid = p.uuid() if isinstance(p, CustomGraphPass) else None
             if uid is None:
+                if self._logged_uuid != "":
+                    self._logged_uuid = ""
+                    log.debug("compile cache off for %s: %s has no uuid()", self.name, type(p).__name__)
                 return None  # an uncacheable member makes the chain uncacheable
             ids.append(uid if isinstance(uid, (str, bytes, int)) else repr(uid))
-        return cache.combine("chain", tuple(ids))
+        uid = cache.combine("chain", tuple(ids))
+        if uid != self._logged_uuid:  # Inductor asks several times per compile: log changes only
+            self._logged_uuid = uid
+            log.debug(
+                "compile cache uuid of %s: %s (from %s)",
+                self.name,
+                uid,
+                ", ".join(f"{type(p).__name__}={i}" for p, i in zip(self.passes, ids, strict=True)),
+            )
+        return uid
 
 
 def _flatten(value: Any) -> list[Any]:
@@ -184,9 +208,9 @@ def inductor_options(
         for name in ("pre", "post")
     }
     user = {key: _flatten(options.get(key, getattr(inductor_config, key))) for key in (PRE_GRAD, POST_PRE, POST_POST)}
-    options[PRE_GRAD] = ChainedPass([FunctionalizeInplacePass(record), *user[PRE_GRAD]])
-    options[POST_PRE] = ChainedPass([*user[POST_PRE], stage["pre"]])
-    options[POST_POST] = ChainedPass([stage["post"], *user[POST_POST]])
+    options[PRE_GRAD] = ChainedPass([FunctionalizeInplacePass(record), *user[PRE_GRAD]], PRE_GRAD)
+    options[POST_PRE] = ChainedPass([*user[POST_PRE], stage["pre"]], POST_PRE)
+    options[POST_POST] = ChainedPass([stage["post"], *user[POST_POST]], POST_POST)
     setattr(options[POST_POST], _RECORD_ATTR, record)
     return options
 
@@ -215,6 +239,7 @@ if _InductorBackend is not None:
             compiled = super().__call__(model_, inputs_, **kwargs)
             if len(self.record.graphs) == lowered:  # none of our passes ran: a cache hit (or no IR op)
                 for report in reports_from_counters(counters["inductor"] - before):
+                    log.debug("graph served from Inductor's cache; selected: %s", report.selected_impls)
                     self.record.graphs.append(report)
                     set_last_selected(report.selected_impls)
             return compiled

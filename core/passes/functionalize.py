@@ -13,6 +13,7 @@ unrelated ops. For each ``torch.ops.vllm_ir.<op>.maybe_inplace`` node:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.aliasing import AliasAnalysis
 from vllm_ir.passes.errors import CompileDonationError
@@ -28,6 +30,8 @@ from vllm_ir.passes.nodes import bound_args, input_name, ir_op_of, is_maybe_inpl
 
 if TYPE_CHECKING:
     from vllm_ir.passes.record import PipelineRecord
+
+log = get_logger("passes")
 
 
 @dataclass
@@ -110,7 +114,23 @@ def functionalize(graph: fx.Graph) -> FunctionalizeReport:
         node.target = op.torch_op.default
         mark_donated(node, tuple(donated))
         report.rewritten.append(node.name)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "functionalize %s: %s.maybe_inplace -> %s.default; donations: %s",
+                node.name,
+                op.name,
+                op.name,
+                "; ".join(_describe_donation(d) for d in report.donations if d.node == node.name) or "none",
+            )
     return report
+
+
+def _describe_donation(d: Donation) -> str:
+    if d.module_state:
+        return f"{d.param} = module state {d.graph_input} (not donated: the module reads it again)"
+    if d.graph_input is not None:
+        return f"{d.param} = graph input {d.graph_input} (donated)"
+    return f"{d.param} = a value computed in the graph (donated)"
 
 
 def _is_module_state(placeholder: fx.Node) -> bool:

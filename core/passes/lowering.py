@@ -1,6 +1,6 @@
 """Post-grad lowering: every IR node becomes the implementation dispatch picks for it.
 
-Selection is `vllm_ir.ir.dispatch.decide` in ``"compile"`` mode on the node's fake values,
+Selection is `vllm_ir.ir.selection.decide` in ``"compile"`` mode on the node's fake values,
 with the priority scope active at compile time: the same function eager dispatch uses, so
 eager and compiled runs agree on the kernel. The implementation is traced with ``make_fx``
 (Inductor's decompositions) into the graph through the pattern matcher's
@@ -18,9 +18,10 @@ they see plain torch code. In-place implementations are lowered in
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import fx
@@ -35,21 +36,22 @@ from torch._inductor.pattern_matcher import (
 )
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from vllm_ir.ir import dispatch as _dispatch
+from vllm_ir.ir import fallback as _fallback
 from vllm_ir.ir import priority as _priority
+from vllm_ir.ir import selection as _selection
 from vllm_ir.ir.op import IrOp
+from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.errors import LoweringError, UnloweredWarning
 from vllm_ir.passes.nodes import bound_args, donated_params, fake_args, ir_nodes, ir_op_of, ir_target
 from vllm_ir.passes.record import GraphReport, set_last_selected
 
-if TYPE_CHECKING:
-    from vllm_ir.ir.impl import IrOpImpl
-
 OnUnlowered = Literal["error", "warn"]
 
 #: ``node.meta`` key on the clones lowering inserts; read (and dropped) by clone cleanup.
 CLONE_META = "vllm_ir_clone"
+
+log = get_logger("passes")
 
 
 def trace_impl(fn: Callable[..., Any], args: tuple[Any, ...]) -> fx.GraphModule:
@@ -179,10 +181,12 @@ class LoweringPass(CustomGraphPass):
         # Unknown ``vllm_ir`` ops (no registered IrOp) never match a pattern.
         for node in ir_nodes(graph):
             if node not in state.failed:
-                state.failed[node] = (
+                self._failed(
+                    state,
+                    node,
                     "not a registered vllm-ir op"
                     if ir_op_of(node) is None
-                    else "skipped by the pattern matcher (unsupported tensor type?)"
+                    else "skipped by the pattern matcher (unsupported tensor type?)",
                 )
         if state.failed:
             self._fail(state.failed, report)
@@ -205,33 +209,54 @@ class LoweringPass(CustomGraphPass):
         op = ir_op_of(node)
         assert op is not None
         try:
-            impl, fn, args = self._select(op, node, state.scope)
+            decision, fn, args = self._select(op, node, state.scope)
         except Exception as exc:  # every failure is reported with its node, never silently
-            state.failed[node] = f"selecting an implementation failed: {type(exc).__name__}: {exc}"
+            self._failed(state, node, f"selecting an implementation failed: {type(exc).__name__}: {exc}")
             return
+        impl = decision.impl
         if state.functional_only and impl.inplace:
+            log.debug(
+                "lowering %s (%s): in-place provider %r waits for the post stage", node.name, op.name, impl.provider
+            )
             return  # lowered after Inductor's remove_noop_ops, which would drop its clones
         try:
             gm = trace_impl(fn, fake_args(args))
         except Exception as exc:
-            state.failed[node] = f"tracing provider {impl.provider!r} failed: {type(exc).__name__}: {exc}"
+            self._failed(state, node, f"tracing provider {impl.provider!r} failed: {type(exc).__name__}: {exc}")
             return
         state.selected[(op.name, node)] = impl.provider
+        if log.isEnabledFor(logging.DEBUG):
+            skipped = "; ".join(f"{p}: {reason}" for p, reason in decision.skipped) or "none"
+            log.debug(
+                "lowering %s (%s): chose %r%s; skipped providers: %s",
+                node.name,
+                op.name,
+                impl.provider,
+                " (in place, behind clones of its activations)" if impl.inplace else "",
+                skipped,
+            )
         name, donated = node.name, donated_params(node)
         added = match.replace_with_graph(gm, list(args))
         if impl.inplace:
             _tag_clones(op, name, args, donated, added)
 
-    def _select(self, op: IrOp, node: fx.Node, scope: Any) -> tuple[IrOpImpl, Callable[..., Any], tuple[Any, ...]]:
+    @staticmethod
+    def _failed(state: _LoweringState, node: fx.Node, reason: str) -> None:
+        log.debug("lowering %s (%s): not lowered: %s", node.name, ir_target(node), reason)
+        state.failed[node] = reason
+
+    def _select(
+        self, op: IrOp, node: fx.Node, scope: Any
+    ) -> tuple[_selection.Decision, Callable[..., Any], tuple[Any, ...]]:
         args = bound_args(op, node)
-        decision = _dispatch.decide(op, fake_args(args), "compile", scope)
+        decision = _selection.decide(op, fake_args(args), "compile", scope)
         if decision.skipped:
-            _dispatch._apply_fallback_policy(op, decision)
+            _fallback.apply(op, decision)
         impl = decision.impl
         fn = impl.fn
         if impl.inplace and op.activation_indices:
             fn = cloning(fn, op.activation_indices)
-        return impl, fn, args
+        return decision, fn, args
 
     def _fail(self, failed: dict[fx.Node, str], report: GraphReport) -> None:
         lines = [f"  {node.name} ({ir_target(node)}): {reason}" for node, reason in failed.items()]

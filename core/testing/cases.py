@@ -44,11 +44,11 @@ class Case:
     def make_args(self, op: IrOp, device: str | torch.device = "cpu") -> tuple[Any, ...]:
         args = op.generate_inputs(self.shape, self.dtype, device, seed=self.seed, **self.options)
         if self.row_padding:
-            args = tuple(_row_strided(a, self.row_padding) for a in args)
+            args = tuple(row_strided(a, self.row_padding) for a in args)
         return args
 
 
-def _row_strided(value: Any, pad: int) -> Any:
+def row_strided(value: Any, pad: int) -> Any:
     """The same values as a view whose rows are ``pad`` elements apart beyond their length."""
     if not isinstance(value, torch.Tensor) or value.dim() < 2:
         return value

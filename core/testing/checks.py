@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 import vllm_ir
-from vllm_ir.ir import dispatch
 from vllm_ir.ir.impl import IrOpImpl, Unsupported, reason_of
 from vllm_ir.ir.op import IrOp
 from vllm_ir.testing.cases import Case
+from vllm_ir.testing.odd_inputs import BASE_SHAPE, odd_inputs, tolerance_dtype
+from vllm_ir.testing.variations import key_variations
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,23 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _verdict(impl: IrOpImpl, args: tuple) -> bool | Unsupported:
+    """The predicate's verdict; raising or returning anything but a bool/`Unsupported` fails the check.
+
+    Asked directly rather than through dispatch, which turns a broken predicate into a refusal.
+    """
+    if impl.supports_args is None:
+        return True
+    who = f"op {impl.op_name!r}, provider {impl.provider!r}"
     try:
-        return dispatch.ask(impl, args)
-    except vllm_ir.PredicateError as exc:
-        raise AssertionError(str(exc)) from exc
+        verdict = impl.supports_args(*args)
     except Exception as exc:  # e.g. a data-dependent guard on symbolic sizes
-        raise AssertionError(
-            f"op {impl.op_name!r}, provider {impl.provider!r}: supports_args raised {type(exc).__name__}: {exc}"
-        ) from exc
+        raise AssertionError(f"{who}: supports_args raised {type(exc).__name__}: {exc}") from exc
+    if verdict is True or verdict is False or isinstance(verdict, Unsupported):
+        return verdict
+    raise AssertionError(
+        f"{who}: supports_args returned {type(verdict).__name__} {verdict!r}; it must return True, False "
+        "or vllm_ir.Unsupported(reason) and must not depend on tensor values or batch size"
+    )
 
 
 def _run_selected(op: IrOp, impl: IrOpImpl, args: tuple, overload: str = "default") -> Any:
@@ -136,10 +146,10 @@ def check_predicate_hygiene(op: IrOp, impl: IrOpImpl, case: Case) -> None:
             f"{_who(op, impl, case)}: supports_args depends on the batch size "
             f"({case.shape[0]} tokens: {real!r}, {tokens} tokens: {verdict!r})"
         )
-    _check_cache_agrees(op, impl, case)
+    _check_cached_across_token_counts(op, impl, case)
 
 
-def _check_cache_agrees(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+def _check_cached_across_token_counts(op: IrOp, impl: IrOpImpl, case: Case) -> None:
     """Calls with a cached decision run what the predicate says for each call."""
     vllm_ir.reset_dispatch_stats()
     with vllm_ir.priority(**{op.name: [impl.provider]}), warnings.catch_warnings():
@@ -157,6 +167,108 @@ def _check_cache_agrees(op: IrOp, impl: IrOpImpl, case: Case) -> None:
                 f"{'decline' if declined else 'accept'} but the cached decision "
                 f"{'ran it' if not skipped else 'skipped it'}"
             )
+
+
+def check_cache_agreement(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+    """A call answered from the decision cache runs what its predicates choose, over every key fact.
+
+    With priority [provider, native], a base call fills the cache; then for each call that
+    differs from it in one fact (`key_variations`: a non-token dimension, the layout, the
+    rank, None vs tensor, a dtype, the device, a scalar) ``op.cached_dispatch`` must equal
+    the uncached ``op.dispatch``, twice, and the base call must still agree afterwards.
+    """
+    base = case.make_args(op)
+    who = _who(op, impl, case)
+    with vllm_ir.priority(**{op.name: [impl.provider]}), warnings.catch_warnings():
+        warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
+        op(*base)  # a real call: the cache now holds the base call's decision
+        base_choice = _choice(op.dispatch, base)
+        got = _choice(op.cached_dispatch, base)
+        assert _agree(got, base_choice), (
+            f"{who}: the decision cache answers {got} for the base call, its predicates choose {base_choice}"
+        )
+        for label, varied in key_variations(op, base):
+            expected = _choice(op.dispatch, varied)
+            for attempt in ("first", "second"):
+                got = _choice(op.cached_dispatch, varied)
+                assert _agree(got, expected), (
+                    f"{who}: a call that differs from the cached one only in {label} gets {got} from the "
+                    f"decision cache ({attempt} call), but its predicates choose {expected}: "
+                    "the cache key must cover this fact"
+                )
+            got = _choice(op.cached_dispatch, base)
+            assert _agree(got, base_choice), (
+                f"{who}: after a call that differs only in {label}, the base call gets {got} from the "
+                f"decision cache, but its predicates choose {base_choice}"
+            )
+
+
+def _choice(dispatch_fn: Any, args: tuple) -> str:
+    """The provider ``dispatch_fn`` picks for ``args`` as ``'name'``, or the error it raises."""
+    try:
+        return repr(dispatch_fn(*args).provider)
+    except Exception as exc:
+        return f"an error ({type(exc).__name__}: {exc})"
+
+
+def _agree(a: str, b: str) -> bool:
+    return a == b or (a.startswith("an error") and b.startswith("an error"))
+
+
+def check_odd_input(op: IrOp, impl: IrOpImpl, dtype: torch.dtype, label: str) -> Outcome:
+    """On a call that is odd but legal for native (`odd_inputs`), decline or match native; never raise.
+
+    Where native raises, the implementation must decline or raise too: such a call has no result.
+    """
+    args = dict(odd_inputs(op, dtype))[label]
+    case = Case(BASE_SHAPE, tolerance_dtype(args), f"odd input: {label}")
+    who = f"op {op.name!r}, provider {impl.provider!r}, {_name(dtype)} call with {label}"
+    try:
+        expected, native_error = op.fn(*args), None
+    except Exception as exc:
+        expected, native_error = None, exc
+    verdict = _verdict(impl, args)
+    with vllm_ir.priority(**{op.name: [impl.provider]}), warnings.catch_warnings():
+        warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
+        # The call the odd one is derived from is cached first: the odd call must not reuse its decision.
+        op.cached_dispatch(*op.generate_inputs(BASE_SHAPE, dtype))
+        cached, uncached = _choice(op.cached_dispatch, args), _choice(op.dispatch, args)
+        assert _agree(cached, uncached), (
+            f"{who}: after a plain {list(BASE_SHAPE)} call, the decision cache answers {cached} but the "
+            f"predicates choose {uncached}: the cache key misses what makes this call odd"
+        )
+    if not verdict:
+        outcome = Outcome(op.name, impl.provider, case.id, "declined", reason_of(verdict, "declined (no reason given)"))
+        OUTCOMES.append(outcome)
+        return outcome
+    with vllm_ir.priority(**{op.name: [impl.provider]}):
+        chosen = op.dispatch(*args).provider
+        assert chosen == impl.provider, f"{who}: the predicate accepts the call but dispatch chose {chosen!r}"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                actual = op(*args)
+        except Exception as exc:
+            if native_error is not None:
+                outcome = Outcome(op.name, impl.provider, case.id, "ok", "raises, as native does")
+                OUTCOMES.append(outcome)
+                return outcome
+            raise AssertionError(
+                f"{who}: raises {type(exc).__name__}: {exc}; native returns a result. "
+                "Decline such calls in supports_args with a reason (vllm_ir.Unsupported) so native runs"
+            ) from exc
+    assert native_error is None, (
+        f"{who}: returns a result, but native raises {type(native_error).__name__}: {native_error}. "
+        "A call native rejects has no result: decline it in supports_args (or raise)"
+    )
+    abs_err, ratio = compare(op, impl, case, actual, expected)
+    outcome = Outcome(op.name, impl.provider, case.id, "ok", None, abs_err, ratio)
+    OUTCOMES.append(outcome)
+    return outcome
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _same(a: bool | Unsupported, b: bool | Unsupported) -> bool:

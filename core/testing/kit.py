@@ -23,6 +23,7 @@ from vllm_ir.ir.impl import IrOpImpl
 from vllm_ir.ir.op import IrOp
 from vllm_ir.testing import checks
 from vllm_ir.testing.cases import DTYPES, Case, grid, property_strategy
+from vllm_ir.testing.odd_inputs import odd_inputs
 
 
 def provider_impls(provider: str) -> list[IrOpImpl]:
@@ -51,6 +52,27 @@ def _resolve(op_name: str, provider: str) -> tuple[IrOp, IrOpImpl]:
     return op, impl
 
 
+def claims(op: IrOp, impl: IrOpImpl, dtype: torch.dtype) -> bool:
+    """Whether ``impl`` accepts a plain [3, 64] call in ``dtype`` (then the kit must test that dtype).
+
+    A predicate that raises counts as claiming it, so that the tests report the error.
+    """
+    if not impl.supported:
+        return False
+    args = Case((3, 64), dtype).make_args(op)
+    try:
+        return impl.supports_args is None or bool(impl.supports_args(*args))
+    except Exception:
+        return True
+
+
+def _dtypes_of(op: IrOp, impl: IrOpImpl, dtypes: tuple[torch.dtype, ...]) -> tuple[torch.dtype, ...]:
+    """``dtypes``, plus float64 where the implementation claims it."""
+    if torch.float64 not in dtypes and claims(op, impl, torch.float64):
+        return (*dtypes, torch.float64)
+    return dtypes
+
+
 def conformance_tests(
     provider: str,
     *,
@@ -63,21 +85,35 @@ def conformance_tests(
 
     :param small: small shapes only (for slow back-ends such as the Triton interpreter).
     :param examples: number of hypothesis examples per op.
-    :param dtypes: activation dtypes to cover (each one costs a compile for compiling providers).
+    :param dtypes: activation dtypes to cover (each one costs a compile for compiling providers);
+        float64 is added for implementations whose predicate accepts float64 calls.
     :param compiled: check eager vs ``vllm_ir.compile``; a string skips that check with the string as reason.
     """
     impls = provider_impls(provider)
     ops = [vllm_ir.ops.__getattr__(i.op_name) for i in impls]
+    op_dtypes = {i.op_name: _dtypes_of(op, i, dtypes) for op, i in zip(ops, impls, strict=True)}
     grid_params = [
         pytest.param(op.name, case, id=f"{op.name}-{case.id}")
         for op in ops
-        for case in grid(op, small=small, dtypes=dtypes)
+        for case in grid(op, small=small, dtypes=op_dtypes[op.name])
     ]
     focused = [
         pytest.param(op.name, case, id=f"{op.name}-{case.id}")
         for op in ops
-        for case in grid(op, small=True, dtypes=dtypes)
+        for case in grid(op, small=True, dtypes=op_dtypes[op.name])
         if case.shape in ((3, 7), (3, 64), (2, 3, 64), (5, 64))
+    ]
+    # One row without a token dimension too: its only dimension is the hidden size, a key fact.
+    cache_params = focused + [
+        pytest.param(op.name, case, id=f"{op.name}-{case.id}")
+        for op in ops
+        for case in (Case((64,), dtype) for dtype in op_dtypes[op.name])
+    ]
+    odd_params = [
+        pytest.param(op.name, dtype, label, id=f"{op.name}-{str(dtype).removeprefix('torch.')}-{label}")
+        for op in ops
+        for dtype in op_dtypes[op.name]
+        for label, _args in odd_inputs(op, dtype)
     ]
     op_params = [pytest.param(op.name, id=op.name) for op in ops]
 
@@ -92,7 +128,7 @@ def conformance_tests(
         op, impl = _resolve(op_name, provider)
 
         @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-        @given(property_strategy(op, small=small, dtypes=dtypes))
+        @given(property_strategy(op, small=small, dtypes=op_dtypes[op_name]))
         def run(case: Case) -> None:
             checks.check_numerics(op, impl, case)
 
@@ -101,6 +137,14 @@ def conformance_tests(
     @pytest.mark.parametrize(("op_name", "case"), focused)
     def test_predicate_hygiene(op_name: str, case: Case) -> None:
         checks.check_predicate_hygiene(*_resolve(op_name, provider), case)
+
+    @pytest.mark.parametrize(("op_name", "case"), cache_params)
+    def test_cache_agreement(op_name: str, case: Case) -> None:
+        checks.check_cache_agreement(*_resolve(op_name, provider), case)
+
+    @pytest.mark.parametrize(("op_name", "dtype", "label"), odd_params)
+    def test_odd_inputs(op_name: str, dtype: torch.dtype, label: str) -> None:
+        checks.check_odd_input(*_resolve(op_name, provider), dtype, label)
 
     @pytest.mark.parametrize(("op_name", "case"), focused)
     def test_overload_semantics(op_name: str, case: Case) -> None:
@@ -123,6 +167,8 @@ def conformance_tests(
         "numerics": test_numerics,
         "numerics_property": test_numerics_property,
         "predicate_hygiene": test_predicate_hygiene,
+        "cache_agreement": test_cache_agreement,
+        "odd_inputs": test_odd_inputs,
         "overload_semantics": test_overload_semantics,
         "opcheck": test_opcheck,
     }

@@ -7,6 +7,12 @@
   (native promotes the result to the weight's dtype; ATen returns x's dtype).
 - ``fused_add_rms_norm`` is in place from in-place torch ops: the only temporaries are the
   per-row statistics ([..., 1] fp32), so ``maybe_inplace`` allocates nothing activation-sized.
+
+Both decline what native computes differently or broadcasts (and ATen's kernels reject):
+float64 (native computes in fp32, so a float64 kernel differs by ~1 fp32 ulp, far beyond the
+float64 tolerance; native is the right kernel for a reference dtype), a 0-d x, a weight that is
+not [hidden] or not on x's device (on the meta device the in-place multiply silently did
+nothing), and a residual of another shape or device than x (native broadcasts it).
 """
 
 from __future__ import annotations
@@ -17,26 +23,41 @@ from torch import Tensor
 import vllm_ir
 
 PROVIDER = "aten"
+#: float64 is left to native, which computes it in float32 (see the module docstring).
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _same_weight_dtype(x: Tensor, weight: Tensor | None) -> bool | vllm_ir.Unsupported:
-    if weight is not None and weight.dtype != x.dtype:
+def _weight(x: Tensor, weight: Tensor | None) -> bool | vllm_ir.Unsupported:
+    if weight is None:
+        return True
+    if weight.dtype != x.dtype:
         return vllm_ir.Unsupported(
             f"weight dtype {weight.dtype} != x dtype {x.dtype}: native promotes the result, ATen does not"
+        )
+    if weight.device != x.device:
+        return vllm_ir.Unsupported(f"weight is on {weight.device}, x on {x.device}")
+    if weight.shape != x.shape[-1:]:
+        return vllm_ir.Unsupported(
+            f"weight shape {list(weight.shape)} is not [{x.shape[-1]}] (native broadcasts it; ATen does not)"
         )
     return True
 
 
-def _floating(x: Tensor) -> bool | vllm_ir.Unsupported:
-    if not x.dtype.is_floating_point:
-        return vllm_ir.Unsupported(f"dtype {x.dtype} is not a floating-point type")
+def _x(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.dtype not in DTYPES:
+        return vllm_ir.Unsupported(
+            f"dtype {x.dtype} is not float32, bfloat16 or float16"
+            + (" (native computes float64 in float32; ATen would not match it)" if x.dtype == torch.float64 else "")
+        )
+    if x.dim() == 0:
+        return vllm_ir.Unsupported("x is 0-d (ATen normalizes over a last dimension)")
     return True
 
 
 def _rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
-    return _floating(x) and _same_weight_dtype(x, weight)
+    return _x(x) and _weight(x, weight)
 
 
 @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_supports)
@@ -49,7 +70,13 @@ def _fused_supports(
 ):
     if x_residual.dtype != x.dtype:
         return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
-    return _floating(x) and _same_weight_dtype(x, weight)
+    if x_residual.device != x.device:
+        return vllm_ir.Unsupported(f"residual is on {x_residual.device}, x on {x.device}")
+    if x_residual.shape != x.shape:
+        return vllm_ir.Unsupported(
+            f"residual shape {list(x_residual.shape)} != x shape {list(x.shape)} (native broadcasts; in place cannot)"
+        )
+    return _x(x) and _weight(x, weight)
 
 
 @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supports_args=_fused_supports, inplace=True)

@@ -29,8 +29,16 @@ def _common_checks(x: Tensor, weight: Tensor | None, variance_size: int | None) 
         return vllm_ir.Unsupported("variance_size is not supported")
     if x.dtype not in _DTYPES:
         return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
+    if x.dim() == 0:
+        return vllm_ir.Unsupported("x is 0-d (the kernels normalize rows)")
+    if x.shape[-1] > MAX_HIDDEN:
+        return vllm_ir.Unsupported(f"hidden size {x.shape[-1]} > {MAX_HIDDEN} (one row per program)")
     if weight is not None and weight.dtype != x.dtype:
         return vllm_ir.Unsupported(f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    if weight is not None and weight.device != x.device:
+        return vllm_ir.Unsupported(f"weight is on {weight.device}, x on {x.device}")
+    if weight is not None and weight.shape != x.shape[-1:]:
+        return vllm_ir.Unsupported(f"weight shape {list(weight.shape)} is not [{x.shape[-1]}] (native broadcasts it)")
     if weight is not None and not weight.is_contiguous():
         return vllm_ir.Unsupported("weight is not contiguous")
     if not x.is_contiguous() and not (x.dim() == 2 and x.stride(-1) == 1):
@@ -49,6 +57,12 @@ def fused_add_rms_norm_supports(
 ):
     if x_residual.dtype != x.dtype:
         return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
+    if x_residual.device != x.device:
+        return vllm_ir.Unsupported(f"residual is on {x_residual.device}, x on {x.device}")
+    if x_residual.shape != x.shape:
+        return vllm_ir.Unsupported(
+            f"residual shape {list(x_residual.shape)} != x shape {list(x.shape)} (native broadcasts; in place cannot)"
+        )
     if not x_residual.is_contiguous() and not (x_residual.dim() == 2 and x_residual.stride(-1) == 1):
         return vllm_ir.Unsupported("residual must be contiguous, or 2-D rows with a unit inner stride")
     return _common_checks(x, weight, variance_size)

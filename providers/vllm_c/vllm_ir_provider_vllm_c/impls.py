@@ -54,6 +54,11 @@ def register(status: ExtensionStatus) -> None:
             return Unsupported(f"x_residual dtype {x_residual.dtype} differs from x dtype {x.dtype}")
         if x_residual.device != x.device:
             return Unsupported(f"x_residual is on {x_residual.device}, x on {x.device}")
+        if x_residual.shape != x.shape:
+            return Unsupported(
+                f"x_residual shape {list(x_residual.shape)} != x shape {list(x.shape)} "
+                "(native broadcasts; the kernels update the residual in place)"
+            )
         if x_residual.stride(-1) != 1 and x_residual.size(-1) != 1:
             return Unsupported(
                 f"x_residual has stride {x_residual.stride(-1)} along the last dimension (the kernels need 1)"
@@ -106,6 +111,8 @@ def _common_verdict(
             return Unsupported(f"weight is on {weight.device}, x on {x.device}")
         if weight.dim() != 1:
             return Unsupported(f"weight is {weight.dim()}-d (the kernels take a 1-d weight)")
+        if weight.shape[0] != x.shape[-1]:
+            return Unsupported(f"weight has {weight.shape[0]} elements, x rows {x.shape[-1]} (native broadcasts)")
     return None
 
 
