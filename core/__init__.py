@@ -31,7 +31,7 @@ from vllm_ir.ir.priority import (
     reload_env,
     set_priority,
 )
-from vllm_ir.ir.registry import ops
+from vllm_ir.ir.registry import ops, ops_implemented_by
 from vllm_ir.ir.selection import Decision, Explanation, Verdict
 from vllm_ir.platforms import Platform
 from vllm_ir.plugins import (
@@ -95,6 +95,7 @@ __all__ = [
     "compile",
     "dispatch_stats",
     "ops",
+    "ops_implemented_by",
     "priority",
     "register_op",
     "reload_env",

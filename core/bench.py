@@ -236,6 +236,10 @@ def main(args: Any) -> int:
     else:
         tokens = args.tokens or [1, 16, 256, 4096]
         repeats, copy_mib = 40, 256
+    if args.device is None:
+        import vllm_ir
+
+        args.device = vllm_ir.current_platform().device_type
     report = run(
         args.ops,
         providers=args.providers,

@@ -139,6 +139,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     import vllm_ir
 
     vllm_ir.load_providers()
+    if args.device is None:
+        args.device = vllm_ir.current_platform().device_type
     op = vllm_ir.ops.__getattr__(args.op)
     options = {"weight_dtype": args.weight_dtype} if args.weight_dtype is not None else {}
     inputs = op.generate_inputs(args.shape, args.dtype, args.device, **options)
@@ -322,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("op", help="op name, e.g. rms_norm")
     explain.add_argument("--shape", type=_parse_shape, default=(16, 4096), help="input shape, e.g. 16x4096")
     explain.add_argument("--dtype", type=_parse_dtype, default="float32", help="activation dtype")
-    explain.add_argument("--device", default="cpu")
+    explain.add_argument("--device", default=None, help="torch device (default: the platform's device type)")
     explain.add_argument("--weight-dtype", type=_parse_dtype, default=None, help="weight dtype (default: --dtype)")
     explain.add_argument("--mode", choices=("eager", "compile"), default="eager")
     explain.set_defaults(func=cmd_explain)
@@ -335,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default=None, help="activation dtypes, e.g. bfloat16 (default: float32,bfloat16)")
     bench.add_argument("--tokens", type=_int_list, default=None, help="e.g. 1,16,256,4096")
     bench.add_argument("--hidden", type=int, default=4096)
-    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--device", default=None, help="torch device (default: the platform's device type)")
     bench.add_argument("--json", dest="json_file", metavar="FILE", default=None, help="write all figures to FILE")
     bench.add_argument("--plot", metavar="FILE.png", default=None, help="bandwidth vs tokens (needs matplotlib)")
     bench.add_argument("--quick", action="store_true", help="fewer shapes and repeats (under a minute on CPU)")

@@ -1,7 +1,9 @@
 """Which hardware this process runs on, detected from torch or claimed by a plugin.
 
-The platform contributes its default priorities through the same
-``vllm_ir_default_priority`` hook as providers do; its contribution is merged first.
+A platform's own defaults are merged first, then every provider's
+``vllm_ir_default_priority`` hook. The built-in platforms name no provider (their defaults
+are ``native`` alone): each provider says where it belongs through its own hook, so the
+core never lists a provider or an op.
 """
 
 from __future__ import annotations
@@ -10,9 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-
-#: Seed defaults per platform and mode (the vLLM IR design's platform defaults).
-_CUDA_LIKE_COMPILE = {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}
 
 
 @dataclass(frozen=True)
@@ -24,6 +23,7 @@ class Platform:
     """
 
     name: str
+    #: The torch device type of this platform (``explain`` and ``bench`` default to it).
     device_type: str
     defaults: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
     #: Which plugin claimed the process (None for the built-in detection).
@@ -32,43 +32,14 @@ class Platform:
     def default_priority(self, mode: str) -> Mapping[str, Sequence[str]]:
         return self.defaults.get(mode, {})
 
-    def is_cuda_alike(self) -> bool:
-        return self.name in ("cuda", "rocm")
-
     def describe(self) -> str:
         return self.name if self.claimed_by is None else f"{self.name} (claimed by {self.claimed_by})"
 
 
-def _both(ops: Mapping[str, Sequence[str]]) -> dict[str, Mapping[str, Sequence[str]]]:
-    return {"eager": ops, "compile": ops}
-
-
-CPU_DEFAULTS: dict[str, Mapping[str, Sequence[str]]] = {"eager": {}, "compile": {}}
-CUDA = Platform(
-    "cuda",
-    "cuda",
-    {
-        "eager": {"rms_norm": ["vllm_c", "native"], "fused_add_rms_norm": ["vllm_c", "native"]},
-        "compile": _CUDA_LIKE_COMPILE,
-    },
-)
-ROCM = Platform(
-    "rocm",
-    "cuda",
-    {
-        "eager": {"rms_norm": ["aiter", "vllm_c", "native"], "fused_add_rms_norm": ["aiter", "vllm_c", "native"]},
-        "compile": _CUDA_LIKE_COMPILE,
-    },
-)
-XPU = Platform(
-    "xpu",
-    "xpu",
-    {
-        "eager": {"rms_norm": ["xpu_kernels", "native"], "fused_add_rms_norm": ["xpu_kernels", "native"]},
-        "compile": _CUDA_LIKE_COMPILE,
-    },
-)
-CPU = Platform("cpu", "cpu", CPU_DEFAULTS)
+CPU = Platform("cpu", "cpu")
+CUDA = Platform("cuda", "cuda")
+ROCM = Platform("rocm", "cuda")
+XPU = Platform("xpu", "xpu")
 
 
 def detect() -> Platform:

@@ -193,3 +193,20 @@ def test_second_form_must_repeat_the_options_and_differ_in_kind():
     with pytest.raises(RegistrationError, match="one functional and/or one in-place"):
         fused.register_impl("twice", batch_invariant=True)(_functional_fused)  # the same form again
     assert fused.impls["twice"].inplace_fn is None
+
+
+def test_register_unsupported_records_the_reason_without_a_kernel():
+    impl = rms_norm.register_unsupported("far_away", "needs the FarAway accelerator")
+    assert not impl.supported and impl.unsupported_reason == "needs the FarAway accelerator"
+    x = torch.randn(2, 4)
+    with vllm_ir.priority(rms_norm=["far_away"]):
+        verdicts = {v.provider: v for v in rms_norm.explain(x, None, 1e-6).verdicts}
+        assert verdicts["far_away"].status == "unsupported"
+        assert verdicts["far_away"].reason == "needs the FarAway accelerator"
+        assert rms_norm.cached_dispatch(x, None, 1e-6).provider == "native"
+    with pytest.raises(AssertionError, match="never dispatched"):
+        impl.fn(x, None, 1e-6)
+    with pytest.raises(RegistrationError, match="already has an implementation"):
+        rms_norm.register_unsupported("far_away", "again")
+    with pytest.raises(RegistrationError, match="inplace=True needs an op declared with allow_inplace"):
+        rms_norm.register_unsupported("far_inplace", "x", inplace=True)

@@ -227,3 +227,23 @@ def test_xpu_fused_add_is_in_place_and_returns_the_donated_buffers(xpu_double):
     assert out is x and new_res is res
     torch.testing.assert_close(out, expected[0], atol=1e-2, rtol=1.6e-2)
     torch.testing.assert_close(new_res, expected[1])
+
+
+def test_each_provider_states_its_own_platform_defaults(providers):
+    from vllm_ir import platforms
+
+    aiter_provider, xpu_provider = providers
+    for platform in (platforms.CPU, platforms.CUDA, platforms.ROCM, platforms.XPU):
+        for mode in ("eager", "compile"):
+            assert platform.default_priority(mode) == {}  # the core's platforms name no provider
+    assert aiter_provider.vllm_ir_default_priority(platforms.ROCM, "eager") == {
+        "fused_add_rms_norm": ["aiter"],
+        "rms_norm": ["aiter"],
+    }
+    assert xpu_provider.vllm_ir_default_priority(platforms.XPU, "eager") == {
+        "fused_add_rms_norm": ["xpu_kernels"],
+        "rms_norm": ["xpu_kernels"],
+    }
+    for hook, other in ((aiter_provider, platforms.XPU), (xpu_provider, platforms.ROCM)):
+        assert hook.vllm_ir_default_priority(other, "eager") is None
+        assert hook.vllm_ir_default_priority(platforms.ROCM, "compile") is None

@@ -151,6 +151,32 @@ class IrOp:
 
         return decorator
 
+    def register_unsupported(self, provider: str, reason: str | Unsupported, *, inplace: bool = False) -> IrOpImpl:
+        """Record that ``provider`` implements this op but cannot run it here, and why.
+
+        What a provider does when its library or device is missing: ``vllm-ir providers list``
+        and ``explain`` then show the reason instead of "not installed", and nothing is imported.
+        """
+        verdict = reason if isinstance(reason, Unsupported) else Unsupported(reason)
+        return self.add_impl(IrOpImpl(self.name, provider, self._unrunnable(provider), verdict, inplace=inplace))
+
+    def _unrunnable(self, provider: str) -> Callable[..., Any]:
+        """A stand-in kernel with the op's parameters; unsupported implementations are never dispatched."""
+        params = []
+        env: dict[str, Any] = {}
+        for i, p in enumerate(self.signature.parameters.values()):
+            if p.default is inspect.Parameter.empty:
+                params.append(p.name)
+            else:
+                env[f"_default_{i}"] = p.default
+                params.append(f"{p.name}=_default_{i}")
+        source = (
+            f"def {self.name}({', '.join(params)}):\n"
+            f"    raise AssertionError('op {self.name}: provider {provider} is unsupported here and never dispatched')\n"
+        )
+        exec(compile(source, f"<vllm_ir.ops.{self.name}.unsupported.{provider}>", "exec"), env)
+        return env[self.name]
+
     def add_impl(self, impl: IrOpImpl) -> IrOpImpl:
         """Validate and add an implementation; a refused one leaves no trace."""
         p = impl.provider

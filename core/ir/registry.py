@@ -65,6 +65,11 @@ def get_op(name: str) -> IrOp:
         raise UnknownOpError(f"unknown op {name!r}; known ops: {', '.join(sorted(_ops)) or '(none)'}") from None
 
 
+def ops_implemented_by(provider: str) -> list[str]:
+    """Names of the ops ``provider`` has an implementation of (for its default-priority hook)."""
+    return [name for name in sorted(_ops) if provider in _ops[name].impls]
+
+
 def all_ops() -> list[IrOp]:
     return [_ops[n] for n in sorted(_ops)]
 

@@ -83,11 +83,12 @@ def fused_add_rms_norm(
     return torch.ops.vllm_ir_aiter.fused_add_rms_norm(x, x_residual, weight, epsilon)
 
 
-@vllm_ir.hookimpl
+@vllm_ir.hookimpl(tryfirst=True)
 def vllm_ir_default_priority(platform, mode):
-    """The ROCm seed defaults (aiter, vllm_c, native) in eager mode."""
+    """On ROCm in eager mode, ``aiter`` first for every op it implements (tryfirst: ahead of
+    other GPU providers such as vllm_c, as the seed's ROCm defaults order them)."""
     if platform.name == "rocm" and mode == "eager":
-        return {"rms_norm": ["aiter", "vllm_c", "native"], "fused_add_rms_norm": ["aiter", "vllm_c", "native"]}
+        return {op: [PROVIDER] for op in vllm_ir.ops_implemented_by(PROVIDER)}
     return None
 
 

@@ -3,6 +3,10 @@
 Triton (and its kernels) are imported only when a GPU back-end is active or
 ``TRITON_INTERPRET=1`` asks for the CPU interpreter; otherwise the implementations are
 registered as unsupported with the reason, so ``vllm-ir providers list`` stays cheap.
+
+Layout: ``ops/<family>.py`` registers one op family's implementations and predicates (every
+module there is imported); ``kernels/<family>.py`` holds its Triton code, imported by the
+family module only when Triton can run here. Adding an op family is adding those two files.
 """
 
 from __future__ import annotations
@@ -38,4 +42,16 @@ def availability() -> bool | vllm_ir.Unsupported:
 
 SUPPORTED = availability()
 
-from vllm_ir_provider_triton import layernorm  # noqa: E402,F401  (registers the implementations)
+
+def _register_op_families() -> None:
+    """Import every module of ``ops/`` (one per op family): each registers its implementations."""
+    import importlib
+    import pkgutil
+
+    from vllm_ir_provider_triton import ops
+
+    for module in sorted(m.name for m in pkgutil.iter_modules(ops.__path__)):
+        importlib.import_module(f"{ops.__name__}.{module}")
+
+
+_register_op_families()

@@ -97,7 +97,7 @@ def fused_add_rms_norm(
 
 @vllm_ir.hookimpl
 def vllm_ir_default_priority(platform, mode):
-    """The XPU seed defaults (xpu_kernels, native) in eager mode."""
+    """On XPU in eager mode, ``xpu_kernels`` first for every op it implements."""
     if platform.name == "xpu" and mode == "eager":
-        return {"rms_norm": ["xpu_kernels", "native"], "fused_add_rms_norm": ["xpu_kernels", "native"]}
+        return {op: [PROVIDER] for op in vllm_ir.ops_implemented_by(PROVIDER)}
     return None

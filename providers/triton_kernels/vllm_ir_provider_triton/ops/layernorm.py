@@ -69,7 +69,7 @@ def fused_add_rms_norm_supports(
 
 
 if SUPPORTED:
-    from vllm_ir_provider_triton.kernels import fused_add_rms_norm_, rms_norm_out
+    from vllm_ir_provider_triton.kernels.layernorm import fused_add_rms_norm_, rms_norm_out
 
     @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=rms_norm_supports)
     def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
@@ -85,13 +85,5 @@ if SUPPORTED:
         return x, x_residual
 
 else:
-
-    @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED)
-    def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
-        raise AssertionError("unsupported implementations are never dispatched")
-
-    @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=SUPPORTED, inplace=True)
-    def fused_add_rms_norm(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> tuple[Tensor, Tensor]:
-        raise AssertionError("unsupported implementations are never dispatched")
+    vllm_ir.ops.rms_norm.register_unsupported(PROVIDER, SUPPORTED)
+    vllm_ir.ops.fused_add_rms_norm.register_unsupported(PROVIDER, SUPPORTED, inplace=True)
