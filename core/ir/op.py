@@ -172,7 +172,8 @@ class IrOp:
                 params.append(f"{p.name}=_default_{i}")
         source = (
             f"def {self.name}({', '.join(params)}):\n"
-            f"    raise AssertionError('op {self.name}: provider {provider} is unsupported here and never dispatched')\n"
+            f"    raise AssertionError("
+            f"'op {self.name}: provider {provider} is unsupported here and never dispatched')\n"
         )
         exec(compile(source, f"<vllm_ir.ops.{self.name}.unsupported.{provider}>", "exec"), env)
         return env[self.name]
