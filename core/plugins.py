@@ -25,7 +25,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from types import ModuleType
 from typing import Any
 
 from vllm_ir import hookspecs
@@ -73,7 +72,6 @@ class ProviderRecord:
     implementations: dict[str, list[str]] = field(default_factory=dict)
     #: Ops the plugin declared itself (``vllm_ir.register_op`` at import); withdrawn with it.
     ops: list[str] = field(default_factory=list)
-    module: ModuleType | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -300,7 +298,6 @@ def _load(name: str, explicit: bool = False) -> None:
         _fail(name, ProviderStatus.FAILED, f"import of {ep.value} failed: {_describe_exception(exc)}", exc)
         return
     _note_registrations(record, ops_before, impls_before)
-    record.module = module if isinstance(module, ModuleType) else None
     try:
         plugin_manager().register(module, name=name)
     except Exception as exc:
@@ -399,7 +396,6 @@ def _withdraw(record: ProviderRecord) -> None:
     manager = _state.manager
     if manager is not None and manager.has_plugin(record.name):
         manager.unregister(name=record.name)
-    record.module = None
     _invalidate_defaults()
 
 
