@@ -10,12 +10,17 @@ T in {1, 16, 256, 4096}, fp32 and bf16. Per case, median microseconds per call o
 - ``vllm_c``: the ``torch.ops.vllm_ir_c`` op with preallocated outputs: ``rms_norm`` writes a
   preallocated ``out``; ``fused_add_rms_norm`` runs in place on the same two tensors call after
   call (the residual keeps growing; the values do not change the work done).
-- ``vllm_c new``: the provider's implementation as dispatch calls it (``rms_norm``: fresh
-  ``torch.empty_like`` output; ``fused_add_rms_norm``: clones of x and the residual first, as
-  the functional overload does), reported separately because a fresh large output costs page
-  faults on this VM.
+- ``vllm_c out`` (fused only): the out-of-place kernel, ``fused_add_rms_norm_out``, into two
+  preallocated outputs: the functional form's kernel alone.
+- ``op()``: the functional dispatch path users call, ``vllm_ir.ops.<op>(...)`` with ``vllm_c``
+  first: fresh outputs (for the fused op, the out-of-place kernel: no clones), reported
+  separately because a fresh large output costs page faults on this VM.
+- ``op() c+ip`` (fused only): ``op()`` the way it ran before vllm_c had a functional fused
+  kernel: through dispatch, clones of x and the residual, then the in-place kernel on them
+  (the same kernel registered in place only, as provider ``vllm_c_inplace_only``).
 - ``copy_``: ``dst.copy_(src)`` moving the same bytes as vllm_c (rms_norm: T*hidden read and
-  written; fused: twice that), the bandwidth ceiling; ``GB/s`` and ``of copy`` are vllm_c's.
+  written; fused: twice that), the bandwidth ceiling; ``GB/s`` and ``of copy`` are vllm_c's,
+  ``op()/copy`` and ``c+ip/copy`` the same fraction for the ``op()`` columns.
 
 This machine class is noisy (2 shared cores): every variant is timed in several interleaved
 rounds and the best round's median is kept (``--stat p10``: the 10th percentile, when other
@@ -41,7 +46,9 @@ import vllm_ir
 from vllm_ir.timing import machine_summary, time_call
 
 EPS = 1e-6
-COLUMNS = ("native", "compiled", "aten", "vllm_c", "vllm_c new", "copy_")
+COLUMNS = ("native", "compiled", "aten", "vllm_c", "vllm_c out", "op()", "op() c+ip", "copy_")
+#: The fused kernel registered in place only: dispatch then clones the activations (the old path).
+INPLACE_ONLY = "vllm_c_inplace_only"
 
 
 def _inner(tokens: int, hidden: int) -> int:
@@ -55,14 +62,49 @@ class Sampling:
     stat: str  # a `Timing` field: "median_us" or "p10_us"
 
 
-def _best_of(fns: dict[str, Callable[[], object]], inner: int, sampling: Sampling) -> dict[str, float]:
+@dataclass(frozen=True)
+class Dispatched:
+    """A call through vllm-ir dispatch, timed with ``provider`` first for ``op``."""
+
+    call: Callable[[], object]
+    op: str
+    provider: str
+
+
+def _best_of(fns: dict[str, Callable[[], object] | Dispatched], inner: int, sampling: Sampling) -> dict[str, float]:
     best = {name: float("inf") for name in fns}
     for r in range(sampling.rounds):
         order = list(fns) if r % 2 == 0 else list(reversed(fns))
         for name in order:
-            t = time_call(fns[name], warmup=3, repeats=15, inner=inner)
+            fn = fns[name]
+            if isinstance(fn, Dispatched):
+                with vllm_ir.priority(**{fn.op: [fn.provider]}):
+                    t = time_call(fn.call, warmup=3, repeats=15, inner=inner)
+            else:
+                t = time_call(fn, warmup=3, repeats=15, inner=inner)
             best[name] = min(best[name], getattr(t, sampling.stat))
     return best
+
+
+def _dispatched(op, args: tuple, provider: str = "vllm_c") -> Dispatched:
+    with vllm_ir.priority(**{op.name: [provider]}):
+        chosen = op.dispatch(*args).provider
+    assert chosen == provider, f"{op.name}: dispatch chose {chosen}, not {provider}"
+    return Dispatched(lambda: op(*args), op.name, provider)
+
+
+def _inplace_only(op) -> str:
+    """Registers (once) vllm_c's in-place fused kernel alone, with vllm_c's options."""
+    if INPLACE_ONLY not in op.impls:
+        impl = op.impls["vllm_c"]
+        op.register_impl(
+            INPLACE_ONLY,
+            supported=impl.supported,
+            supports_args=impl.supports_args,
+            inplace=True,
+            batch_invariant=impl.batch_invariant,
+        )(impl.inplace_fn or impl.fn)
+    return INPLACE_ONLY
 
 
 def _rms_norm_case(tokens, hidden, dtype, compiled, sampling) -> tuple[dict[str, float], int]:
@@ -73,12 +115,11 @@ def _rms_norm_case(tokens, hidden, dtype, compiled, sampling) -> tuple[dict[str,
     out = torch.empty_like(x)
     dst = torch.empty_like(x)
     kernel = torch.ops.vllm_ir_c.rms_norm.default
-    impl = op.impls["vllm_c"].fn
     fns = {
         "native": lambda: op.fn(x, w, EPS),
         "aten": lambda: F.rms_norm(x, (hidden,), w, EPS),
         "vllm_c": lambda: kernel(out, x, w, EPS),
-        "vllm_c new": lambda: impl(x, w, EPS),
+        "op()": _dispatched(op, (x, w, EPS)),
         "copy_": lambda: dst.copy_(x),
     }
     if compiled is not None:
@@ -96,8 +137,11 @@ def _fused_case(tokens, hidden, dtype, compiled, sampling) -> tuple[dict[str, fl
     ra = r.clone()
     src = torch.cat([x, r])
     dst = torch.empty_like(src)
+    out, r_out = torch.empty_like(x), torch.empty_like(r)
     kernel = torch.ops.vllm_ir_c.fused_add_rms_norm.default
-    impl = op.impls["vllm_c"].fn
+    out_kernel = torch.ops.vllm_ir_c.fused_add_rms_norm_out.default
+
+    assert op.dispatch(x, r, w, EPS).provider == "vllm_c"
 
     def aten():
         ra.add_(x)
@@ -107,7 +151,9 @@ def _fused_case(tokens, hidden, dtype, compiled, sampling) -> tuple[dict[str, fl
         "native": lambda: op.fn(x, r, w, EPS),
         "aten": aten,
         "vllm_c": lambda: kernel(xi, ri, w, EPS),
-        "vllm_c new": lambda: impl(x.clone(), r.clone(), w, EPS),
+        "vllm_c out": lambda: out_kernel(out, r_out, x, r, w, EPS),
+        "op()": _dispatched(op, (x, r, w, EPS)),
+        "op() c+ip": _dispatched(op, (x, r, w, EPS), _inplace_only(op)),
         "copy_": lambda: dst.copy_(src),
     }
     if compiled is not None:
@@ -149,13 +195,16 @@ def main() -> None:
             compiled = None if args.no_compile else torch.compile(getattr(vllm_ir.ops, op_name).fn, dynamic=True)
             print(f"\n{op_name} {dtype_name} [T, {args.hidden}]")
             header = f"{'T':>5} " + " ".join(f"{c:>10}" for c in COLUMNS)
-            print(header + f" {'GB/s':>6} {'of copy':>7} {'x native':>8}")
+            print(header + f" {'GB/s':>6} {'of copy':>7} {'op()/copy':>9} {'c+ip/copy':>9} {'x native':>8}")
             for t in tokens:
                 times, nbytes = cases[op_name](t, args.hidden, dtype, compiled, sampling)
                 cells = " ".join(f"{times[c]:>10.2f}" if c in times else f"{'-':>10}" for c in COLUMNS)
-                frac = times["copy_"] / times["vllm_c"]
+                of_copy = {c: f"{times['copy_'] / times[c]:.2f}" if c in times else "-" for c in COLUMNS}
                 speedup = times["native"] / times["vllm_c"]
-                print(f"{t:>5} {cells} {nbytes / times['vllm_c'] / 1e3:>6.1f} {frac:>7.2f} {speedup:>8.1f}")
+                print(
+                    f"{t:>5} {cells} {nbytes / times['vllm_c'] / 1e3:>6.1f} {of_copy['vllm_c']:>7} "
+                    f"{of_copy['op()']:>9} {of_copy['op() c+ip']:>9} {speedup:>8.1f}"
+                )
                 misses += _check_targets(op_name, dtype_name, t, times, tokens)
     print("\ntargets: vllm_c >= 0.8x copy_ at T=4096; <= aten and compiled at every T; >= 3x native at T >= 256")
     print("\n".join(f"  MISS {m}" for m in misses) if misses else "  all met")

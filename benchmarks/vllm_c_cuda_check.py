@@ -5,9 +5,12 @@ architecture only (a minute or two), unless it is already built with CUDA kernel
 
 1. correctness: ``rms_norm`` and ``fused_add_rms_norm`` through vllm-ir dispatch with
    ``priority([vllm_c])`` against the native op, fp32/bf16/fp16, several shapes, with and
-   without weight, row-strided views, and the in-place overload;
-2. bandwidth: [T, hidden] for several T, the vllm_c torch op (preallocated output; the fused
-   op in place) against native eager and ``copy_`` of the same bytes, CUDA-event timed.
+   without weight, row-strided views; the fused op in both forms (``op(...)``: the
+   out-of-place kernel, ``maybe_inplace``: the in-place one on the donated tensors), which
+   must agree bit for bit;
+2. bandwidth: [T, hidden] for several T, the vllm_c torch ops (preallocated outputs; the fused
+   op in place and out of place) against native eager and ``copy_`` of the same bytes,
+   CUDA-event timed.
 
     python benchmarks/vllm_c_cuda_check.py [--no-build] [--hidden 4096]
 
@@ -76,6 +79,14 @@ def check_correctness(vllm_ir) -> int:
         if not aliased:
             print(f"FAIL {dtype} maybe_inplace did not return the donated tensors")
             failures += 1
+        # Both forms of the fused op: the same row function, so the same bits.
+        x, res, w, eps, _ = fused.generate_inputs((64, 5120), dtype, "cuda")
+        with vllm_ir.priority(fused_add_rms_norm=["vllm_c"]):
+            functional = fused(x, res, w, eps)
+            donated = fused.maybe_inplace(x.clone(), res.clone(), w, eps)
+        if not all(torch.equal(a, b) for a, b in zip(functional, donated, strict=True)):
+            print(f"FAIL {dtype} the out-of-place and in-place fused kernels differ")
+            failures += 1
     return failures
 
 
@@ -112,8 +123,10 @@ def _cases(vllm_ir, tokens: int, hidden: int, dtype: torch.dtype) -> dict:
     """Per op: (native, vllm_c torch op, copy_ of the same bytes, bytes vllm_c moves)."""
     rms, fused = vllm_ir.ops.rms_norm, vllm_ir.ops.fused_add_rms_norm
     kernel, fused_kernel = torch.ops.vllm_ir_c.rms_norm.default, torch.ops.vllm_ir_c.fused_add_rms_norm.default
+    fused_out_kernel = torch.ops.vllm_ir_c.fused_add_rms_norm_out.default
     x, res, w, eps, _ = fused.generate_inputs((tokens, hidden), dtype, "cuda")
     out, dst = torch.empty_like(x), torch.empty_like(x)
+    new_out, new_res = torch.empty_like(x), torch.empty_like(x)
     src2, dst2 = torch.cat([x, res]), torch.empty(2 * tokens, hidden, dtype=dtype, device="cuda")
     nbytes = 2 * x.numel() * x.element_size()
     return {
@@ -124,18 +137,24 @@ def _cases(vllm_ir, tokens: int, hidden: int, dtype: torch.dtype) -> dict:
             lambda: dst2.copy_(src2),
             2 * nbytes,
         ),
+        "fused_add_rms_norm_out": (
+            lambda: fused.fn(x, res, w, eps),
+            lambda: fused_out_kernel(new_out, new_res, x, res, w, eps),
+            lambda: dst2.copy_(src2),
+            2 * nbytes,
+        ),
     }
 
 
 def measure_bandwidth(vllm_ir, hidden: int) -> None:
     print(f"\n{torch.cuda.get_device_name()}: [T, {hidden}], us per call (median of 5 x 200); GB/s of vllm_c")
-    print(f"{'op':<19} {'dtype':<9} {'T':>6} {'native':>9} {'vllm_c':>9} {'copy_':>9} {'GB/s':>7} {'of copy':>7}")
+    print(f"{'op':<22} {'dtype':<9} {'T':>6} {'native':>9} {'vllm_c':>9} {'copy_':>9} {'GB/s':>7} {'of copy':>7}")
     for dtype in (torch.bfloat16, torch.float32):
         for tokens in (1, 16, 256, 4096, 16384):
             for op_name, (native, vllm_c, copy, moved) in _cases(vllm_ir, tokens, hidden, dtype).items():
                 t_native, t_vllm_c, t_copy = _time_us(native), _time_us(vllm_c), _time_us(copy)
                 print(
-                    f"{op_name:<19} {str(dtype)[6:]:<9} {tokens:>6} {t_native:>9.2f} {t_vllm_c:>9.2f} {t_copy:>9.2f} "
+                    f"{op_name:<22} {str(dtype)[6:]:<9} {tokens:>6} {t_native:>9.2f} {t_vllm_c:>9.2f} {t_copy:>9.2f} "
                     f"{moved / t_vllm_c / 1e3:>7.0f} {t_copy / t_vllm_c:>7.2f}"
                 )
 

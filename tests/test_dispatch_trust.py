@@ -38,7 +38,7 @@ def _usable(request):
         impl = op.impls.get(provider)
         if impl is None or not impl.supported:
             pytest.skip(f"{provider} is not usable here")
-        assert impl.inplace
+        assert impl.has_inplace_kernel
 
 
 def _aliased_calls():

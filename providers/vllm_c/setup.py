@@ -5,12 +5,15 @@ the torch that is installed::
 
     MAX_JOBS=2 pip install --no-build-isolation -e providers/vllm_c
 
-- CPU kernels: ``csrc/cpu/rms_norm_kernels.cpp`` is compiled once per CPU capability (DEFAULT,
-  and on x86-64 also AVX2 and AVX512 with the flags ATen uses for its own kernels, and
-  AVX512_BF16); the library runs the variant torch itself runs
+- Sources are found, not listed: one file per op (family) and device, each registering its own
+  schema and kernels (see csrc/torch_bindings.cpp), so adding an op changes nothing here.
+- CPU kernels: every ``csrc/cpu/*.cpp`` is compiled once per CPU capability (DEFAULT, and on
+  x86-64 also AVX2 and AVX512 with the flags ATen uses for its own kernels, and AVX512_BF16);
+  each compilation fills its capability's slot of the ops' dispatch stubs
+  (csrc/cpu/dispatch_stub.h) and the library runs the variant torch itself runs
   (``torch.backends.cpu.get_cpu_capability()``), AVX512_BF16 where the CPU has it.
-- CUDA kernels: added only when torch is a CUDA build *and* a CUDA toolkit is found
-  (``VLLM_IR_C_CUDA=0`` skips them).
+- CUDA kernels: every ``csrc/cuda/*.cu``, added only when torch is a CUDA build *and* a CUDA
+  toolkit is found (``VLLM_IR_C_CUDA=0`` skips them).
 - A failed build does not fail the install: the package is installed without the extension
   and ``_build_info.py`` records why, which the provider reports as its unsupported reason.
   ``VLLM_IR_C_STRICT_BUILD=1`` re-raises instead (for CI of the kernels themselves).
@@ -32,10 +35,16 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 PACKAGE = "vllm_ir_provider_vllm_c"
 EXTENSION = f"{PACKAGE}._C"
-CPU_KERNELS = "csrc/cpu/rms_norm_kernels.cpp"
 BINDINGS = "csrc/torch_bindings.cpp"
-CUDA_SOURCES = ["csrc/cuda/ops_cuda.cpp", "csrc/cuda/rms_norm_kernels.cu"]
-DEPENDS = [str(p.relative_to(HERE)) for p in sorted((HERE / "csrc").rglob("*.h"))]
+
+
+def _sources(pattern: str) -> list[str]:
+    return [str(p.relative_to(HERE)) for p in sorted(HERE.glob(pattern))]
+
+
+CPU_SOURCES = _sources("csrc/cpu/*.cpp")  # compiled once per CPU capability
+CUDA_SOURCES = _sources("csrc/cuda/*.cu")
+DEPENDS = _sources("csrc/**/*.h")
 
 # The flags ATen compiles its own per-capability kernels with (cmake/Codegen.cmake), plus
 # AVX512_BF16: AVX512 with the bf16 conversion instructions (chosen at run time by cpuid).
@@ -145,20 +154,27 @@ class OptionalBuildExtension(_Base):
             self._fail(e)
 
     def _compile_cpu_kernels(self, ext: Extension) -> list[str]:
-        """Object files of the CPU kernels, one per capability, each in its own namespace.
+        """Object files of the CPU sources, one set per capability, each in its own namespace.
 
-        DEFAULT must compile; a variant the compiler cannot target (say, an old GCC without
-        -mavx512bf16) is left out with a warning and the library runs the next best one.
+        The ISA variants compile first: a variant the compiler cannot target (say, an old GCC
+        without -mavx512bf16) is left out with a warning and the library runs the next best
+        one. DEFAULT, which must compile, comes last with a ``VLLM_IR_C_HAVE_<variant>`` macro
+        per variant that did: it holds the torch side, whose dispatch stubs read those slots.
         """
         args = ext.extra_compile_args
         cxx = list(args["cxx"] if isinstance(args, dict) else args)
         objects = []
-        for capability in ["DEFAULT", *cpu_capabilities()]:
+        for capability in [*cpu_capabilities(), "DEFAULT"]:
+            have = [(f"VLLM_IR_C_HAVE_{c}", None) for c in self._capabilities]
             try:
                 objects += self.compiler.compile(
-                    [CPU_KERNELS],
+                    CPU_SOURCES,
                     output_dir=os.path.join(self.build_temp, capability.lower()),
-                    macros=[("CPU_CAPABILITY", capability), (f"CPU_CAPABILITY_{CPU_CAPABILITY_VEC[capability]}", None)],
+                    macros=[
+                        ("CPU_CAPABILITY", capability),
+                        (f"CPU_CAPABILITY_{CPU_CAPABILITY_VEC[capability]}", None),
+                        *(have if capability == "DEFAULT" else []),
+                    ],
                     include_dirs=ext.include_dirs,
                     extra_postargs={"cxx": cxx + CPU_CAPABILITY_FLAGS.get(capability, []), "nvcc": []},
                     depends=ext.depends,
@@ -168,9 +184,10 @@ class OptionalBuildExtension(_Base):
                     raise
                 print(f"WARNING: {EXTENSION}: skipping the {capability} CPU kernels ({e})", file=sys.stderr)
                 continue
-            self._capabilities.append(capability)
             if capability != "DEFAULT":
-                ext.define_macros.append((f"VLLM_IR_C_HAVE_{capability}", None))
+                self._capabilities.append(capability)
+        ext.define_macros.extend(have)  # torch_bindings.cpp chooses among the same variants
+        self._capabilities.insert(0, "DEFAULT")
         return objects
 
     def _fail(self, error: BaseException) -> None:

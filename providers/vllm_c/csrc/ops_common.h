@@ -1,4 +1,5 @@
-// Argument checks and layout handling shared by the CPU and CUDA op implementations.
+// Tensor-side helpers shared by every op's CPU and CUDA implementations: layouts, staging,
+// argument checks. Not for the per-ISA CPU kernel compilations (see kernel_common.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -7,7 +8,7 @@
 
 #include <optional>
 
-#include "rms_norm.h"
+#include "kernel_common.h"
 
 namespace vllm_ir_c {
 
@@ -64,82 +65,19 @@ inline void check_activation(const char* op, const char* name, const at::Tensor&
   TORCH_CHECK(t.device() == input.device(), op, ": ", name, " is on ", t.device(), ", input on ", input.device());
 }
 
-// Checks common to both ops; returns the weight as a contiguous tensor (or nullopt).
-inline std::optional<at::Tensor> check_inputs(const char* op, const at::Tensor& input,
-                                              const std::optional<at::Tensor>& weight) {
-  TORCH_CHECK(input.dim() >= 1, op, ": input must have at least one dimension");
-  TORCH_CHECK(is_supported_dtype(input.scalar_type()), op, ": unsupported dtype ", input.scalar_type(),
-              " (float32, bfloat16 and float16 are supported)");
-  if (!weight.has_value()) {
-    return std::nullopt;
-  }
-  const at::Tensor& w = *weight;
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == input.size(-1), op, ": weight must have shape [", input.size(-1),
-              "], got ", w.sizes());
-  TORCH_CHECK(w.scalar_type() == input.scalar_type(), op, ": weight is ", w.scalar_type(), ", input is ",
-              input.scalar_type(), " (the kernels multiply in the input dtype)");
-  TORCH_CHECK(w.device() == input.device(), op, ": weight is on ", w.device(), ", input on ", input.device());
-  return w.contiguous();
-}
-
 inline const void* data_or_null(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->const_data_ptr() : nullptr;
 }
 
-// Builds the kernel arguments for out <- rms_norm(input), staging awkward layouts, runs
-// `kernel`, and copies staged results back.
-template <typename Kernel>
-void run_rms_norm(const char* op, at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                  double epsilon, Kernel&& kernel) {
-  const auto w = check_inputs(op, input, weight);
-  check_activation(op, "out", out, input);
-  if (input.numel() == 0) {
-    return;
-  }
-  const at::Tensor x = staged(input);
-  at::Tensor y = needs_staging(out) ? at::empty_like(out, at::MemoryFormat::Contiguous) : out;
-  RmsNormArgs args{input.scalar_type(),
-                   y.mutable_data_ptr(),
-                   row_layout(y),
-                   x.const_data_ptr(),
-                   row_layout(x),
-                   data_or_null(w),
-                   input.numel() / input.size(-1),
-                   input.size(-1),
-                   static_cast<float>(epsilon)};
-  kernel(args);
-  if (!y.is_same(out)) {
-    out.copy_(y);
-  }
+// Where a kernel writes `out`: `out` itself, or a contiguous buffer when its layout needs
+// staging (copy it back with `unstage`).
+inline at::Tensor output_buffer(const at::Tensor& out) {
+  return needs_staging(out) ? at::empty_like(out, at::MemoryFormat::Contiguous) : out;
 }
 
-// Builds the kernel arguments for the in-place fused op, staging awkward layouts.
-template <typename Kernel>
-void run_fused_add_rms_norm(const char* op, at::Tensor& input, at::Tensor& residual,
-                            const std::optional<at::Tensor>& weight, double epsilon, Kernel&& kernel) {
-  const auto w = check_inputs(op, input, weight);
-  check_activation(op, "residual", residual, input);
-  TORCH_CHECK(!input.is_same(residual), op, ": input and residual must be different tensors");
-  if (input.numel() == 0) {
-    return;
-  }
-  at::Tensor x = staged(input);
-  at::Tensor r = staged(residual);
-  FusedAddRmsNormArgs args{input.scalar_type(),
-                           x.mutable_data_ptr(),
-                           row_layout(x),
-                           r.mutable_data_ptr(),
-                           row_layout(r),
-                           data_or_null(w),
-                           input.numel() / input.size(-1),
-                           input.size(-1),
-                           static_cast<float>(epsilon)};
-  kernel(args);
-  if (!x.is_same(input)) {
-    input.copy_(x);
-  }
-  if (!r.is_same(residual)) {
-    residual.copy_(r);
+inline void unstage(at::Tensor& out, const at::Tensor& buffer) {
+  if (!buffer.is_same(out)) {
+    out.copy_(buffer);
   }
 }
 

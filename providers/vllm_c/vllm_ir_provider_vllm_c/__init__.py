@@ -1,4 +1,5 @@
-"""vllm-ir provider ``vllm_c``: C++ kernels for ``rms_norm`` and ``fused_add_rms_norm``.
+"""vllm-ir provider ``vllm_c``: C++ kernels, one module per op family (``layernorm``: ``rms_norm``
+and ``fused_add_rms_norm``).
 
 Importing this module (vllm-ir does it through the ``vllm_ir.providers`` entry point) loads the
 ``vllm_ir_c`` torch library and registers the implementations. It never raises: when the
@@ -9,27 +10,48 @@ are registered as unsupported with that reason, which ``vllm-ir providers list``
     print(vllm_ir_provider_vllm_c.STATUS)
     with vllm_ir.priority(rms_norm=["vllm_c"]):
         y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
+
+Op families are found, not listed: every public module of this package (a name without a
+leading underscore) is imported and its ``register(status)`` called; its optional
+``CPU_EAGER_FIRST`` names the ops for which ``vllm_c`` goes first on CPU in eager mode.
+Adding an op therefore adds files (csrc/cpu/<op>.cpp, csrc/cuda/<op>.cu, <op>.py) and edits none.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 
 from vllm_ir.hookspecs import hookimpl
 
-from . import impls
-from ._extension import ExtensionStatus, load
+from ._extension import PROVIDER, ExtensionStatus, load
 
 __version__ = "0.1.0"
-__all__ = ["STATUS", "ExtensionStatus", "cpu_capability", "vllm_ir_default_priority"]
+__all__ = ["FAMILIES", "STATUS", "ExtensionStatus", "cpu_capability", "vllm_ir_default_priority"]
+
+
+def _register_families(status: ExtensionStatus) -> tuple[ModuleType, ...]:
+    """Import every op family module of this package and register its implementations."""
+    families = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        module.register(status)
+        families.append(module)
+    return tuple(families)
+
 
 #: Whether the compiled kernels are usable in this process, and why not.
 STATUS: ExtensionStatus = load(__name__)
-impls.register(STATUS)
+#: The op family modules, each registered.
+FAMILIES: tuple[ModuleType, ...] = _register_families(STATUS)
 
 
 def cpu_capability() -> str | None:
-    """Which compiled CPU variant runs (DEFAULT, AVX2 or AVX512), or None without the extension."""
+    """Which compiled CPU variant runs (DEFAULT, AVX2, AVX512, AVX512_BF16), or None without the extension."""
     if not STATUS.loaded:
         return None
     import torch
@@ -37,15 +59,26 @@ def cpu_capability() -> str | None:
     return torch.ops.vllm_ir_c.cpu_capability()
 
 
+#: GPU platforms where ``vllm_c`` goes first in eager mode for every op it implements (the
+#: seed's CUDA and ROCm defaults; on ROCm aiter's hook runs first and goes before it).
+GPU_PLATFORMS = ("cuda", "rocm")
+
+
 @hookimpl
 def vllm_ir_default_priority(platform, mode: str) -> Mapping[str, Sequence[str]] | None:
-    """On CPU in eager mode, ``vllm_c`` first for both ops (benchmarks/kernels.py).
+    """Eager mode only: on CUDA and ROCm ``vllm_c`` first for every op it implements, on CPU
+    for each family's ``CPU_EAGER_FIRST`` ops (measured there by benchmarks/kernels.py).
 
     Not under compile: an opaque kernel stops Inductor from fusing the norm with its
     neighbours, and native lowering measured 8-23% faster on a norm-heavy decoder
-    (benchmarks/compile_pipeline.py --no-linear). CUDA and ROCm platforms already list
-    ``vllm_c`` in their own defaults.
+    (benchmarks/compile_pipeline.py --no-linear).
     """
-    if platform.name == "cpu" and mode == "eager":
-        return {"rms_norm": [impls.PROVIDER], "fused_add_rms_norm": [impls.PROVIDER]}
+    if mode != "eager":
+        return None
+    if platform.name in GPU_PLATFORMS:
+        import vllm_ir
+
+        return {op: [PROVIDER] for op in vllm_ir.ops_implemented_by(PROVIDER)}
+    if platform.name == "cpu":
+        return {op: [PROVIDER] for family in FAMILIES for op in getattr(family, "CPU_EAGER_FIRST", ())}
     return None

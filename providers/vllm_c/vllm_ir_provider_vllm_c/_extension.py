@@ -1,4 +1,5 @@
-"""Loading the compiled ``vllm_ir_c`` library, or saying why it cannot be used.
+"""Loading the compiled ``vllm_ir_c`` library, or saying why it cannot be used, and the few
+helpers every op family module shares (nothing here names an op).
 
 Nothing here raises: a provider import must never break the host. The checks run before the
 shared library is loaded, because loading one built against another torch can fail with an
@@ -8,12 +9,17 @@ undefined symbol or, worse, load and misbehave.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from vllm_ir import Unsupported
+
+#: The provider name every implementation of this package registers under.
+PROVIDER = "vllm_c"
 REBUILD = "rebuild with: MAX_JOBS=2 pip install --no-build-isolation -e providers/vllm_c"
 
 
@@ -41,7 +47,7 @@ def check_build(info: ModuleType | Any | None, torch_version: str) -> str | None
 
 
 def load(package: str) -> ExtensionStatus:
-    """Check the build record, import ``<package>._C`` and register the ops' fake kernels."""
+    """Check the build record and import ``<package>._C``, which registers every op's schema and kernels."""
     try:
         info = importlib.import_module(f"{package}._build_info")
     except ImportError:
@@ -51,23 +57,27 @@ def load(package: str) -> ExtensionStatus:
         return ExtensionStatus(False, reason)
     try:
         importlib.import_module(f"{package}._C")
-        _register_fakes()
     except Exception as e:  # ImportError, OSError (undefined symbol), RuntimeError (duplicate library)
         return ExtensionStatus(False, f"the C++ extension failed to load: {type(e).__name__}: {e}; {REBUILD}")
     return ExtensionStatus(True, None, bool(info.CUDA_KERNELS), info.TORCH_VERSION)
 
 
-def _register_fakes() -> None:
-    """Fake kernels: the ops only mutate their arguments, so tracing needs no outputs.
+def supported(status: ExtensionStatus) -> bool | Unsupported:
+    """The ``supported=`` of every implementation: True, or why the kernels cannot run."""
+    return True if status.loaded else Unsupported(status.reason or "not loaded")
 
-    With them the ops trace as single opaque nodes on fake tensors (make_fx, torch.compile);
-    the real kernels check shapes and dtypes.
-    """
 
-    @torch.library.register_fake("vllm_ir_c::rms_norm")
-    def _rms_norm_fake(out, input, weight, epsilon):
-        return None
+def devices(status: ExtensionStatus) -> tuple[str, ...]:
+    """Device types the compiled kernels cover."""
+    return ("cpu", "cuda") if status.cuda_kernels and torch.version.hip is None else ("cpu",)
 
-    @torch.library.register_fake("vllm_ir_c::fused_add_rms_norm")
-    def _fused_add_rms_norm_fake(input, residual, weight, epsilon):
-        return None
+
+def torch_op(status: ExtensionStatus, name: str) -> Callable[..., Any]:
+    """``torch.ops.vllm_ir_c.<name>.default``, or a stand-in that raises the load failure's reason."""
+    if status.loaded:
+        return getattr(torch.ops.vllm_ir_c, name).default
+
+    def kernel(*args: object) -> None:
+        raise RuntimeError(f"vllm_c kernels are not available: {status.reason}")
+
+    return kernel

@@ -1,13 +1,22 @@
-// Arguments shared by the CPU and CUDA RMSNorm kernels.
+// Plain-data building blocks shared by every op's kernels: row layouts and the dtype switch.
 //
-// Plain data only: this header is included by the per-ISA CPU translation units and by
-// nvcc, so it must not pull in the Tensor API (see cpu/rms_norm_kernels.cpp).
+// This header is included by the per-ISA CPU kernel compilations and by nvcc, so it must not
+// pull in the Tensor API (see cpu/dispatch_stub.h); ops_common.h has the Tensor-side helpers.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 #include <c10/macros/Macros.h>
 
 #include <cstdint>
+
+// 1 where the Tensor API may be used: everywhere but the per-ISA CPU kernel compilations
+// (cpu/*.cpp are compiled once per CPU capability; only the DEFAULT one, baseline ISA,
+// holds an op's schema, argument checks and torch registrations).
+#if !defined(CPU_CAPABILITY) || defined(CPU_CAPABILITY_DEFAULT)
+#define VLLM_IR_C_TORCH_SIDE 1
+#else
+#define VLLM_IR_C_TORCH_SIDE 0
+#endif
 
 namespace vllm_ir_c {
 
@@ -37,35 +46,9 @@ struct RowLayout {
   }
 };
 
-// out[r] = rms_norm(input[r]) * weight, for every row r.
-struct RmsNormArgs {
-  c10::ScalarType dtype;
-  void* out;
-  RowLayout out_rows;
-  const void* input;
-  RowLayout input_rows;
-  const void* weight;  // [hidden] in `dtype`, or nullptr
-  int64_t rows;
-  int64_t hidden;
-  float epsilon;
-};
-
-// residual[r] = input[r] + residual[r]; input[r] = rms_norm(that sum, in fp32) * weight.
-struct FusedAddRmsNormArgs {
-  c10::ScalarType dtype;
-  void* input;
-  RowLayout input_rows;
-  void* residual;
-  RowLayout residual_rows;
-  const void* weight;  // [hidden] in `dtype`, or nullptr
-  int64_t rows;
-  int64_t hidden;
-  float epsilon;
-};
-
 }  // namespace vllm_ir_c
 
-// The dtypes the kernels support; the one dispatch point of every kernel entry.
+// The floating dtypes the kernels support; the one dtype switch of every kernel entry.
 #define VLLM_IR_C_DISPATCH_FLOATING_TYPES(TYPE, NAME, ...)            \
   AT_DISPATCH_SWITCH(                                                 \
       TYPE,                                                           \

@@ -1,4 +1,6 @@
-// RMSNorm and fused residual-add + RMSNorm on CUDA: one thread block per row.
+// The layernorm family on CUDA (rms_norm; fused residual-add + rms_norm in place and into
+// other tensors): one thread block per row, and the torch side (CUDA registrations; the
+// schemas are defined by cpu/layernorm.cpp).
 //
 // Same numerics as the CPU kernels and the native op: fp32 accumulation, the row normalized in
 // fp32 and rounded to the input dtype before the weight multiply (itself rounded), and the
@@ -6,18 +8,22 @@
 // twice (sum of squares, then scale); the second read hits L1/L2. Rows whose pointers and
 // strides allow it are moved in 16-byte packs.
 
+#include "../layernorm.h"
+
 #include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
 
-#include "rms_norm_kernels.h"
-
-namespace vllm_ir_c::cuda {
+namespace vllm_ir_c {
 namespace {
 
 constexpr int kWarp = 32;
@@ -104,12 +110,16 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
   }
 }
 
+// In place (`out` is `input`, `residual_out` is `residual`) or into other tensors: each pack
+// is read before the same pack of the outputs is written, so aliasing them is safe.
 template <typename T, int kPack>
 __global__ void fused_add_rms_norm_kernel(FusedAddRmsNormArgs a) {
   using P = Pack<T, kPack>;
   const int64_t row = blockIdx.x;
-  P* x = reinterpret_cast<P*>(static_cast<T*>(a.input) + a.input_rows.offset(row));
-  P* residual = reinterpret_cast<P*>(static_cast<T*>(a.residual) + a.residual_rows.offset(row));
+  const P* x = reinterpret_cast<const P*>(static_cast<const T*>(a.input) + a.input_rows.offset(row));
+  const P* residual = reinterpret_cast<const P*>(static_cast<const T*>(a.residual) + a.residual_rows.offset(row));
+  P* out = reinterpret_cast<P*>(static_cast<T*>(a.out) + a.out_rows.offset(row));
+  P* residual_out = reinterpret_cast<P*>(static_cast<T*>(a.residual_out) + a.residual_out_rows.offset(row));
   const P* w = static_cast<const P*>(a.weight);
   const bool has_weight = w != nullptr;
   const int64_t packs = a.hidden / kPack;
@@ -143,8 +153,8 @@ __global__ void fused_add_rms_norm_kernel(FusedAddRmsNormArgs a) {
       sum.v[k] = static_cast<T>(s);
       y.v[k] = round_weighted(s * scale, wp.v, k, has_weight);
     }
-    residual[i] = sum;
-    x[i] = y;
+    residual_out[i] = sum;
+    out[i] = y;
   }
 }
 
@@ -187,9 +197,7 @@ dim3 block_for(int64_t rows, int64_t packs) {
   return dim3(static_cast<unsigned>(std::max<int64_t>(threads, kWarp)));
 }
 
-}  // namespace
-
-cudaError_t launch_rms_norm(const RmsNormArgs& args, cudaStream_t stream) {
+cudaError_t launch_rms_norm_kernel(const RmsNormArgs& args, cudaStream_t stream) {
   if (args.rows == 0 || args.hidden == 0) {
     return cudaSuccess;
   }
@@ -208,7 +216,7 @@ cudaError_t launch_rms_norm(const RmsNormArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t launch_fused_add_rms_norm(const FusedAddRmsNormArgs& args, cudaStream_t stream) {
+cudaError_t launch_fused_add_rms_norm_kernel(const FusedAddRmsNormArgs& args, cudaStream_t stream) {
   if (args.rows == 0 || args.hidden == 0) {
     return cudaSuccess;
   }
@@ -218,7 +226,10 @@ cudaError_t launch_fused_add_rms_norm(const FusedAddRmsNormArgs& args, cudaStrea
   const dim3 grid(static_cast<unsigned>(args.rows));
   VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::fused_add_rms_norm (cuda)", [&] {
     if (can_vectorize<scalar_t>(args.hidden, args.weight,
-                                {{args.input, args.input_rows}, {args.residual, args.residual_rows}})) {
+                                {{args.out, args.out_rows},
+                                 {args.residual_out, args.residual_out_rows},
+                                 {args.input, args.input_rows},
+                                 {args.residual, args.residual_rows}})) {
       constexpr int kPack = kVecPack<scalar_t>;
       fused_add_rms_norm_kernel<scalar_t, kPack>
           <<<grid, block_for(args.rows, args.hidden / kPack), 0, stream>>>(args);
@@ -229,4 +240,38 @@ cudaError_t launch_fused_add_rms_norm(const FusedAddRmsNormArgs& args, cudaStrea
   return cudaGetLastError();
 }
 
-}  // namespace vllm_ir_c::cuda
+void rms_norm_cuda(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                   double epsilon) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  run_rms_norm("vllm_ir_c::rms_norm", out, input, weight, epsilon, [](const RmsNormArgs& args) {
+    C10_CUDA_CHECK(launch_rms_norm_kernel(args, c10::cuda::getCurrentCUDAStream()));
+  });
+}
+
+void run_fused_add_rms_norm_kernel(const FusedAddRmsNormArgs& args) {
+  C10_CUDA_CHECK(launch_fused_add_rms_norm_kernel(args, c10::cuda::getCurrentCUDAStream()));
+}
+
+void fused_add_rms_norm_cuda(at::Tensor& input, at::Tensor& residual, const std::optional<at::Tensor>& weight,
+                             double epsilon) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  run_fused_add_rms_norm("vllm_ir_c::fused_add_rms_norm", input, residual, input, residual, weight, epsilon,
+                         run_fused_add_rms_norm_kernel);
+}
+
+void fused_add_rms_norm_out_cuda(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& input,
+                                 const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+                                 double epsilon) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  run_fused_add_rms_norm("vllm_ir_c::fused_add_rms_norm_out", out, residual_out, input, residual, weight, epsilon,
+                         run_fused_add_rms_norm_kernel);
+}
+
+}  // namespace
+}  // namespace vllm_ir_c
+
+TORCH_LIBRARY_IMPL(vllm_ir_c, CUDA, m) {
+  m.impl("rms_norm", &vllm_ir_c::rms_norm_cuda);
+  m.impl("fused_add_rms_norm", &vllm_ir_c::fused_add_rms_norm_cuda);
+  m.impl("fused_add_rms_norm_out", &vllm_ir_c::fused_add_rms_norm_out_cuda);
+}

@@ -1,0 +1,144 @@
+"""The layernorm family: ``rms_norm`` and ``fused_add_rms_norm`` (csrc/cpu/layernorm.cpp,
+csrc/cuda/layernorm.cu).
+
+Each implementation wraps one ``torch.ops.vllm_ir_c`` op; ``fused_add_rms_norm`` registers both
+kernel forms under ``vllm_c``: ``op(...)`` runs the out-of-place kernel (fresh outputs, no
+clones), ``op.maybe_inplace(...)`` the in-place one on the donated activations.
+
+The predicates say why a call is declined. They read only dtypes, devices, shapes other than
+the batch, and the last dimension's stride, never the batch size or values. The dispatch cache
+keys a decision on a layout class (contiguous, unit inner stride, other), not on full strides,
+and a size-1 last dimension is accepted whatever its stride, so a cached verdict can meet a
+layout the predicate would have declined. The C++ ops therefore accept every layout (awkward
+ones run on a contiguous copy); the predicates still decline a non-unit last-dimension stride
+so that ``explain`` says what is slow about it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir import Unsupported
+
+from ._extension import PROVIDER, ExtensionStatus, devices, supported, torch_op
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Ops this module puts ``vllm_c`` first for on the CPU platform in eager mode
+#: (benchmarks/kernels.py: it wins at every shape there).
+CPU_EAGER_FIRST = ("rms_norm", "fused_add_rms_norm")
+
+
+def register(status: ExtensionStatus) -> None:
+    """Register the implementations; unsupported with the load failure's reason if not loaded."""
+    if status.loaded:
+        _register_fakes()
+    rms_norm_kernel = torch_op(status, "rms_norm")
+    fused_kernel = torch_op(status, "fused_add_rms_norm")
+    fused_out_kernel = torch_op(status, "fused_add_rms_norm_out")
+    on = devices(status)
+    # The CPU kernels reduce each row in a fixed order whatever the batch; the CUDA ones do not
+    # (their summation order depends on hidden size and pointer alignment).
+    options = {"supported": supported(status), "batch_invariant": on == ("cpu",)}
+
+    def supports_rms_norm(
+        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> bool | Unsupported:
+        verdict = _common_verdict(x, weight, variance_size, on)
+        return True if verdict is None else verdict
+
+    def supports_fused_add_rms_norm(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> bool | Unsupported:
+        verdict = _common_verdict(x, weight, variance_size, on)
+        if verdict is not None:
+            return verdict
+        if x_residual.dtype != x.dtype:
+            return Unsupported(f"x_residual dtype {x_residual.dtype} differs from x dtype {x.dtype}")
+        if x_residual.device != x.device:
+            return Unsupported(f"x_residual is on {x_residual.device}, x on {x.device}")
+        if x_residual.shape != x.shape:
+            return Unsupported(
+                f"x_residual shape {list(x_residual.shape)} != x shape {list(x.shape)} "
+                "(native broadcasts; the kernels take equal shapes)"
+            )
+        if x_residual.stride(-1) != 1 and x_residual.size(-1) != 1:
+            return Unsupported(
+                f"x_residual has stride {x_residual.stride(-1)} along the last dimension (the kernels need 1)"
+            )
+        return True
+
+    @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=supports_rms_norm, **options)
+    def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        out = torch.empty_like(x)
+        rms_norm_kernel(out, x, weight, epsilon)
+        return out
+
+    fused_options = {"supports_args": supports_fused_add_rms_norm, **options}
+
+    @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, **fused_options)
+    def fused_add_rms_norm(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        # One pass over x and x_residual into two fresh tensors.
+        out = torch.empty_like(x)
+        residual = torch.empty_like(x)
+        fused_out_kernel(out, residual, x, x_residual, weight, epsilon)
+        return out, residual
+
+    @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, inplace=True, **fused_options)
+    def fused_add_rms_norm_inplace(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        # In place: x_residual <- x + x_residual, x <- rms_norm(the fp32 sum) * weight.
+        fused_kernel(x, x_residual, weight, epsilon)
+        return x, x_residual
+
+
+def _register_fakes() -> None:
+    """Fake kernels: the ops only write their ``(a!)`` arguments, so tracing needs no outputs.
+
+    With them the ops trace as single opaque nodes on fake tensors (make_fx, torch.compile);
+    the real kernels check shapes and dtypes.
+    """
+
+    @torch.library.register_fake("vllm_ir_c::rms_norm")
+    def _rms_norm_fake(out, input, weight, epsilon):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::fused_add_rms_norm")
+    def _fused_add_rms_norm_fake(input, residual, weight, epsilon):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::fused_add_rms_norm_out")
+    def _fused_add_rms_norm_out_fake(out, residual_out, input, residual, weight, epsilon):
+        return None
+
+
+def _common_verdict(
+    x: Tensor, weight: Tensor | None, variance_size: int | None, device_types: tuple[str, ...]
+) -> Unsupported | None:
+    if variance_size is not None:
+        return Unsupported("variance_size is not supported (the kernels normalize over the whole last dimension)")
+    if x.dtype not in DTYPES:
+        return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
+    if x.device.type not in device_types:
+        return Unsupported(f"device {x.device.type} is not supported (kernels built for: {', '.join(device_types)})")
+    if x.dim() == 0:
+        return Unsupported("x is 0-d (the kernels normalize over a last dimension)")
+    if x.stride(-1) != 1 and x.size(-1) != 1:
+        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
+    if weight is not None:
+        if weight.dtype != x.dtype:
+            return Unsupported(
+                f"weight dtype {weight.dtype} differs from x dtype {x.dtype} "
+                "(native promotes the result; the kernels compute in x's dtype)"
+            )
+        if weight.device != x.device:
+            return Unsupported(f"weight is on {weight.device}, x on {x.device}")
+        if weight.dim() != 1:
+            return Unsupported(f"weight is {weight.dim()}-d (the kernels take a 1-d weight)")
+        if weight.shape[0] != x.shape[-1]:
+            return Unsupported(f"weight has {weight.shape[0]} elements, x rows {x.shape[-1]} (native broadcasts)")
+    return None
