@@ -8,6 +8,7 @@ called directly), so compiled IR and compiled plain torch can be compared.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -97,16 +98,110 @@ TEST_PROVIDERS = {
 }
 
 
-def register_test_providers() -> None:
-    for provider, (op_name, fn, options) in TEST_PROVIDERS.items():
+# More kernel styles, registered only by the tests that name them (`MORE_TEST_PROVIDERS`).
+
+
+@torch.library.custom_op("vllm_ir_test::rms_norm_out", mutates_args=("out",))
+def rms_norm_out_kernel(out: Tensor, x: Tensor, weight: Tensor, epsilon: float) -> None:
+    """Triton style: the caller allocates the output, the kernel writes it (``out`` is ``(a!)``)."""
+    out.copy_(ops.rms_norm.fn(x, weight, epsilon))
+
+
+@rms_norm_out_kernel.register_fake
+def _(out: Tensor, x: Tensor, weight: Tensor, epsilon: float) -> None:
+    return None
+
+
+@torch.library.custom_op("vllm_ir_test::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm_pair_kernel(
+    x: Tensor, x_residual: Tensor, weight: Tensor, epsilon: float
+) -> tuple[Tensor, Tensor]:
+    """Opaque and functional, with two fresh outputs (one multi-output node in the graph)."""
+    out, residual = ops.fused_add_rms_norm.fn(x, x_residual, weight, epsilon)
+    return out.clone(), residual.clone()
+
+
+@fused_add_rms_norm_pair_kernel.register_fake
+def _(x: Tensor, x_residual: Tensor, weight: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.custom_op("vllm_ir_test::add_residual_", mutates_args=("x_residual",))
+def add_residual_kernel(x: Tensor, x_residual: Tensor) -> None:
+    """``x_residual += x``: writes the residual, only reads ``x``."""
+    x_residual.add_(x)
+
+
+@add_residual_kernel.register_fake
+def _(x: Tensor, x_residual: Tensor) -> None:
+    return None
+
+
+def triton_style_rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    out = torch.empty_like(x)
+    torch.ops.vllm_ir_test.rms_norm_out(out, x, weight, epsilon)
+    return out
+
+
+def opaque_fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    return torch.ops.vllm_ir_test.fused_add_rms_norm(x, x_residual, weight, epsilon)
+
+
+def residual_inplace_fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """In place on the residual only: ``x`` is read, never written (its clone is read-only)."""
+    torch.ops.vllm_ir_test.add_residual_(x, x_residual)
+    return torch.ops.vllm_ir_test.rms_norm(x_residual, weight, epsilon), x_residual
+
+
+#: More test kernels (same form as `TEST_PROVIDERS`), for `register_test_providers(MORE_TEST_PROVIDERS)`.
+MORE_TEST_PROVIDERS = {
+    "test_triton_style": ("rms_norm", triton_style_rms_norm, {"supports_args": _weighted}),
+    "test_opaque_fused": ("fused_add_rms_norm", opaque_fused_add_rms_norm, {"supports_args": _same_dtype}),
+    "test_residual_inplace": (
+        "fused_add_rms_norm",
+        residual_inplace_fused_add_rms_norm,
+        {"supports_args": _same_dtype, "inplace": True},
+    ),
+}
+
+
+def register_test_providers(providers: dict | None = None) -> None:
+    """Register ``providers`` (default: `TEST_PROVIDERS`)."""
+    for provider, (op_name, fn, options) in (TEST_PROVIDERS if providers is None else providers).items():
         op = getattr(ops, op_name)
         if provider not in op.impls:
             op.register_impl(provider, **options)(fn)
 
 
-def unregister_test_providers() -> None:
-    for provider, (op_name, _fn, _options) in TEST_PROVIDERS.items():
+def unregister_test_providers(providers: dict | None = None) -> None:
+    for provider, (op_name, _fn, _options) in (TEST_PROVIDERS if providers is None else providers).items():
         getattr(ops, op_name).remove_impl(provider)
+
+
+def load_installed_provider(name: str) -> str | None:
+    """Make an installed provider's implementations registered; None, or why it cannot be.
+
+    Plugin autoload is off in the tests. A provider imported earlier and withdrawn since (by
+    `clean_state`) cannot register again in this process: that is reported, not hidden.
+    """
+    if any(name in op.impls for op in ops):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the reason is returned instead
+            vllm_ir.load_provider(name)
+    except vllm_ir.VllmIrError as exc:
+        return f"provider {name!r} cannot be loaded: {exc}"
+    if any(name in op.impls for op in ops):
+        return None
+    record = next((r for r in vllm_ir.provider_records() if r.name == name), None)
+    if record is not None and record.reason:
+        return f"provider {name!r} is {record.status.value}: {record.reason}"
+    return f"provider {name!r} registered nothing (imported and withdrawn earlier in this process?)"
 
 
 @contextlib.contextmanager

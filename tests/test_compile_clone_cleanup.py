@@ -137,14 +137,29 @@ def test_cloned_value_returned_from_the_graph_keeps_the_clone():
     _check_values(gm, fn)
 
 
-def test_view_of_a_donated_graph_input_keeps_the_clone():
+def test_part_of_a_donated_graph_input_keeps_the_clone():
+    """Donating rows of an input gives up those rows only: the kernel must not write the input."""
+
     def fn(x, r, w):
-        return fused(x * 2, r[:, :], w, EPS)
+        return fused(x[:2] * 2, r[:2], w, EPS)
 
     gm, report = _lower_and_clean(fn, donate=("x", "x_residual"))
     decisions = _decisions(report)
     assert decisions["x_residual"][0] is False and "aliases graph input" in decisions["x_residual"][1]
     _check_values(gm, fn)
+
+
+def test_whole_view_of_a_donated_graph_input_loses_its_clone():
+    """``r[:, :]`` is exactly ``r``'s memory (same storage, sizes, strides, offset): donated as a whole."""
+
+    def fn(x, r, w):
+        return fused(x * 2, r[:, :], w, EPS)
+
+    gm, report = _lower_and_clean(fn, donate=("x", "x_residual"))
+    assert _decisions(report)["x_residual"] == (True, "donated graph input")
+    x, r, w = _inputs()
+    _out, new_res = gm(x, r, w)
+    assert new_res.data_ptr() == r.data_ptr()
 
 
 def test_same_value_as_both_activations_keeps_one_clone():

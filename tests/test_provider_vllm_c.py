@@ -451,12 +451,12 @@ def _code(path: Path) -> str:
 
 
 def test_shared_files_name_no_op():
-    ops = re.compile(r"rms_norm|RmsNorm|layernorm", re.IGNORECASE)
+    ops = re.compile(r"rms_norm|RmsNorm|layernorm|silu_and_mul|GatedArgs", re.IGNORECASE)
     for name in SHARED_FILES:
         found = ops.findall(_code(PACKAGE_ROOT / name))
         assert not found, f"{name} names an op ({sorted(set(found))}): adding an op would have to edit it"
     # The op files are the ones the build, the sdist and the package scan find by themselves.
-    assert [p.name for p in sorted((SOURCES / "cpu").glob("*.cpp"))] == ["layernorm.cpp"]
+    assert [p.name for p in sorted((SOURCES / "cpu").glob("*.cpp"))] == ["activation.cpp", "layernorm.cpp"]
     assert [p.name for p in sorted((SOURCES / "cuda").glob("*.cu"))] == ["layernorm.cu"]
 
 
@@ -555,7 +555,9 @@ def test_a_new_op_is_new_files_only(tmp_path):
     the one the library reports, under each VLLM_IR_C_CPU_CAPABILITY cap.
     """
     root = tmp_path / "vllm_c"
-    skip = shutil.ignore_patterns("layernorm.*", "_C*.so", "_build_info.py", "build", "*.egg-info", "__pycache__")
+    skip = shutil.ignore_patterns(
+        "layernorm.*", "activation.*", "_C*.so", "_build_info.py", "build", "*.egg-info", "__pycache__"
+    )
     shutil.copytree(PACKAGE_ROOT, root, ignore=skip)
     (root / "csrc" / "cpu" / "toy_scale.cpp").write_text(_TOY_CPP)
     (root / "vllm_ir_provider_vllm_c" / "toy.py").write_text(_TOY_PY)

@@ -18,8 +18,8 @@ inline bool is_supported_dtype(c10::ScalarType t) {
 
 // The kernels walk rows with unit stride along the last dimension and at most
 // RowLayout::kMaxBatchDims non-trivial batch dimensions. Other layouts run on a contiguous
-// copy: the vllm-ir dispatch cache keys on is_contiguous(), not on strides, so a decision
-// made for a row-strided tensor may be reused for a transposed one and must stay correct.
+// copy, so a direct torch.ops.vllm_ir_c call is correct whatever its layout (vllm-ir's
+// predicates decline such layouts with a reason, and its cache keys on every stride).
 inline bool needs_staging(const at::Tensor& t) {
   if (t.size(-1) > 1 && t.stride(-1) != 1) {
     return true;

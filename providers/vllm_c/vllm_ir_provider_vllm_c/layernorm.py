@@ -6,12 +6,11 @@ kernel forms under ``vllm_c``: ``op(...)`` runs the out-of-place kernel (fresh o
 clones), ``op.maybe_inplace(...)`` the in-place one on the donated activations.
 
 The predicates say why a call is declined. They read only dtypes, devices, shapes other than
-the batch, and the last dimension's stride, never the batch size or values. The dispatch cache
-keys a decision on a layout class (contiguous, unit inner stride, other), not on full strides,
-and a size-1 last dimension is accepted whatever its stride, so a cached verdict can meet a
-layout the predicate would have declined. The C++ ops therefore accept every layout (awkward
-ones run on a contiguous copy); the predicates still decline a non-unit last-dimension stride
-so that ``explain`` says what is slow about it.
+the batch, and the last dimension's stride, never the batch size or values (the dispatch cache
+keys on all of those facts, so a cached verdict always matches the call). The C++ ops still
+accept every layout (awkward ones run on a contiguous copy), so a direct ``torch.ops.vllm_ir_c``
+call is correct too; the predicates decline a non-unit last-dimension stride so that
+``explain`` says what would be slow about it.
 """
 
 from __future__ import annotations
