@@ -106,7 +106,7 @@ def test_compiled_graph_runs_the_same_kernels_as_eager(fp32):
         fp32.model(x.clone())
     eager = {k: KERNEL_CALLS[k] - before[k] for k in KERNEL_CALLS}
     before = dict(KERNEL_CALLS)
-    with torch.no_grad():
+    with vllm_ir.priority(**PRIORITY), torch.no_grad():  # the priority it was compiled under (guarded)
         fp32.compiled(x.clone())
     compiled = {k: KERNEL_CALLS[k] - before[k] for k in KERNEL_CALLS}
     layers = len(fp32.model.layers)

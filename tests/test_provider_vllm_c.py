@@ -628,3 +628,16 @@ def test_cuda_sources_compile(tmp_path):
     for cmd, job in zip(commands, jobs, strict=True):
         output, _ = job.communicate(timeout=600)
         assert job.returncode == 0, f"{' '.join(cmd)}\n{output[-4000:]}"
+
+
+def test_compile_facts_name_the_build_and_the_library_file():
+    from vllm_ir_provider_vllm_c import _extension
+
+    facts = vllm_ir.ops.rms_norm.impls["vllm_c"].compile_facts
+    assert facts == _extension.compile_facts(provider.STATUS)
+    assert facts["vllm_c.torch"] == torch.__version__
+    size, mtime = facts["vllm_c.library"]
+    stat = os.stat(provider.STATUS.library)
+    assert (size, mtime) == (stat.st_size, stat.st_mtime_ns)
+    rebuilt = _extension.ExtensionStatus(True, None, False, torch.__version__, __file__)  # another file
+    assert _extension.compile_facts(rebuilt)["vllm_c.library"] != facts["vllm_c.library"]

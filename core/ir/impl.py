@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -70,6 +70,11 @@ class IrOpImpl:
     #: The same provider's in-place kernel when ``fn`` is its functional one (both forms
     #: registered): ``maybe_inplace`` runs it, ``op(...)`` runs ``fn`` without clones.
     inplace_fn: Callable[..., Any] | None = field(default=None, repr=False)
+    #: What the code traced into compiled graphs depends on beyond its own source (library
+    #: versions, build ids, environment variables it reads): a mapping of names to plain
+    #: values, or a callable returning one, re-read at every compile. It goes into the compile
+    #: cache key (`vllm_ir.passes.cache.facts_fingerprint`), so a changed fact recompiles.
+    compile_facts: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def has_inplace_kernel(self) -> bool:

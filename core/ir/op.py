@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 import torch
@@ -120,6 +120,7 @@ class IrOp:
         inplace: bool = False,
         batch_invariant: bool = False,
         cacheable: bool = True,
+        compile_facts: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
     ) -> Callable[[F], F]:
         """Register ``provider``'s implementation of this op (decorator).
 
@@ -132,6 +133,14 @@ class IrOp:
         :param batch_invariant: results do not depend on the batch composition.
         :param cacheable: False when the predicate looks beyond dtype, device, number of
             dimensions, layout class (contiguous, unit inner stride, other) and scalar arguments.
+        :param compile_facts: what a compiled graph that runs this implementation depends on
+            besides its code, which vllm-ir hashes itself: ``{"build": BUILD_ID}``, or a
+            callable returning such a mapping (string keys, plain values), called at every
+            compile -- e.g. ``lambda: {"MY_KERNEL_VARIANT": os.environ.get("MY_KERNEL_VARIANT")}``
+            for a kernel that picks a variant from the environment while it is traced. The
+            facts are part of the passes' cache key (``uuid()``): a changed fact misses
+            Inductor's FX graph cache. torch's and Triton's versions and the versions of the
+            libraries the implementation's code refers to are included without being declared.
 
         Example::
 
@@ -145,7 +154,17 @@ class IrOp:
 
         def decorator(fn: F) -> F:
             self.add_impl(
-                IrOpImpl(self.name, provider, fn, supported, supports_args, inplace, batch_invariant, cacheable)
+                IrOpImpl(
+                    self.name,
+                    provider,
+                    fn,
+                    supported,
+                    supports_args,
+                    inplace,
+                    batch_invariant,
+                    cacheable,
+                    compile_facts=compile_facts,
+                )
             )
             return fn
 

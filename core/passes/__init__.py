@@ -20,8 +20,10 @@ from typing import Any
 _LAZY = {
     "AliasAnalysis": "aliasing",
     "CloneCleanupPass": "clone_cleanup",
+    "compile_facts": "cache",
     "ChainedPass": "entry",
     "IrPipelinePass": "entry",
+    "PipelineBackend": "entry",
     "compile": "entry",
     "inductor_options": "entry",
     "record_of": "entry",

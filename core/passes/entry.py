@@ -1,9 +1,12 @@
-"""Wiring the passes into Inductor: `inductor_options`, `compile`, and chaining with user passes.
+"""Wiring the passes into Inductor and other back-ends: `inductor_options`, `compile`, chaining.
 
 Stages (Inductor config key -> passes, in order):
 
-* ``pre_grad_custom_pass``: `FunctionalizeInplacePass`, then the user's pre-grad passes
-  (they see the functional graph).
+* ``pre_grad_custom_pass``: the compiled frame is made to guard on the compile-mode priority
+  (`ChainedPass` with ``guard_priority``), then `FunctionalizeInplacePass`, then the user's
+  pre-grad passes (they see the functional graph). Our options run this stage *before*
+  Inductor's cache lookups (``pre_grad_pass_timing="early"``): an AOTAutograd cache hit skips
+  a late pre-grad stage, and the frame would lose its guard.
 * ``post_grad_custom_pre_pass``: the user's passes (IR ops are still single nodes: this is
   where IR-level passes go), then `IrPipelinePass` ``"pre"``: fusion, and lowering of the
   nodes whose implementation is functional -- Inductor's own post-grad passes then optimise
@@ -16,10 +19,19 @@ A user's pass is taken from the options given, else from ``torch._inductor.confi
 time of the call, and chained with ours; the chain's uuid combines every member's uuid
 (``None`` if any member has none, which turns Inductor's cache off, as it would for that
 pass alone).
+
+Other back-ends (`compile` with ``backend="aot_eager"`` or a callable): the same passes run
+around AOTAutograd, which they need for the functional aten graph with fake values that
+fusion, lowering and clone cleanup work on. `PipelineBackend` guards and functionalizes
+Dynamo's graph, has AOTAutograd trace it (input mutations kept in the graph, as Inductor
+does), runs fusion, lowering and clone cleanup on each forward graph, then hands the graph
+to the back-end's compiler: ``aot_eager`` runs it as is; a callable gets it as a
+``fw_compiler``/``bw_compiler`` of ``torch._dynamo.backends.common.aot_autograd`` would.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -42,6 +54,7 @@ from vllm_ir.passes.record import GraphReport, PipelineRecord, publish, reports_
 F = TypeVar("F", bound=Callable[..., Any])
 
 PRE_GRAD = "pre_grad_custom_pass"
+PRE_GRAD_TIMING = "pre_grad_pass_timing"
 POST_PRE = "post_grad_custom_pre_pass"
 POST_POST = "post_grad_custom_post_pass"
 _RECORD_ATTR = "_vllm_ir_record"
@@ -120,8 +133,11 @@ class IrPipelinePass(CustomInferenceAwareGraphPass):
         finally:
             self.record.add_time(name, time.perf_counter() - start)
 
-    def uuid(self) -> str:
-        parts = (self.fusion.uuid(), self.lowering.uuid())
+    def uuid(self) -> str | None:
+        lowering = self.lowering.uuid()
+        if lowering is None:
+            return None  # see LoweringPass.uuid: caching is off for this compile
+        parts = (self.fusion.uuid(), lowering)
         if self.stage == "post":
             parts += (self.cleanup.uuid(),)
         return cache.combine("pipeline", self.stage, parts)
@@ -132,15 +148,24 @@ class ChainedPass(CustomInferenceAwareGraphPass):
 
     Inductor hands post-grad passes ``is_inference``; pre-grad passes are called with the
     graph only. Members that are inference-aware get the flag, others just the graph.
+
+    :param guard_priority: first make the Dynamo frame being compiled guard on the
+        compile-mode priority, when the graph has IR ops (`cache.install_priority_guard`):
+        a later call under another priority -- after ``set_priority``, inside or after a
+        ``priority()`` scope, in a thread with another scope -- then recompiles, or reuses
+        the entry compiled for that priority. The pre-grad chain of `inductor_options` does.
     """
 
-    def __init__(self, passes: Sequence[Any], name: str = "custom passes"):
+    def __init__(self, passes: Sequence[Any], name: str = "custom passes", *, guard_priority: bool = False):
         self.passes = tuple(passes)
         #: What the chain is for (the Inductor config key), in log messages.
         self.name = name
+        self.guard_priority = guard_priority
         self._logged_uuid: str | None = None
 
     def __call__(self, graph: fx.Graph, is_inference: bool = True) -> None:
+        if self.guard_priority:
+            cache.install_priority_guard(graph)
         for p in self.passes:
             if isinstance(p, CustomInferenceAwareGraphPass):
                 p(graph, is_inference)
@@ -157,7 +182,7 @@ class ChainedPass(CustomInferenceAwareGraphPass):
                     log.debug("compile cache off for %s: %s has no uuid()", self.name, type(p).__name__)
                 return None  # an uncacheable member makes the chain uncacheable
             ids.append(uid if isinstance(uid, (str, bytes, int)) else repr(uid))
-        uid = cache.combine("chain", tuple(ids))
+        uid = cache.combine("chain", tuple(ids), "guard_priority" if self.guard_priority else "")
         if uid != self._logged_uuid:  # Inductor asks several times per compile: log changes only
             self._logged_uuid = uid
             log.debug(
@@ -192,6 +217,8 @@ def inductor_options(
     :param fusions: IR fusions to run (default: `AddRmsNormFusion`); ``[]`` disables fusion.
     :param user_options: any other Inductor options; custom passes among them (or already
         set in ``torch._inductor.config``) are chained with ours, not replaced.
+        ``pre_grad_pass_timing`` is always ``"early"``: the pre-grad stage installs the
+        priority guard, which a frame served from Inductor's caches must get too.
 
     Example::
 
@@ -202,13 +229,21 @@ def inductor_options(
     """
     record = PipelineRecord()
     options = dict(user_options)
+    timing = options.pop(PRE_GRAD_TIMING, "early")
+    if timing not in ("early", "default"):
+        raise ValueError(
+            f"{PRE_GRAD_TIMING}={timing!r}: vllm-ir's pre-grad passes must run before Inductor's cache "
+            'lookup ("early"), so that a compiled frame served from the cache still guards on the priority'
+        )
+    if hasattr(inductor_config, PRE_GRAD_TIMING):  # older torch ran pre-grad passes before its caches anyway
+        options[PRE_GRAD_TIMING] = "early"
     shared: weakref.WeakKeyDictionary[fx.Graph, tuple[GraphReport, dict[str, int]]] = weakref.WeakKeyDictionary()
     stage = {
         name: IrPipelinePass(record, stage=name, on_unlowered=on_unlowered, fusions=fusions, shared=shared)
         for name in ("pre", "post")
     }
     user = {key: _flatten(options.get(key, getattr(inductor_config, key))) for key in (PRE_GRAD, POST_PRE, POST_POST)}
-    options[PRE_GRAD] = ChainedPass([FunctionalizeInplacePass(record), *user[PRE_GRAD]], PRE_GRAD)
+    options[PRE_GRAD] = ChainedPass([FunctionalizeInplacePass(record), *user[PRE_GRAD]], PRE_GRAD, guard_priority=True)
     options[POST_PRE] = ChainedPass([*user[POST_PRE], stage["pre"]], POST_PRE)
     options[POST_POST] = ChainedPass([stage["post"], *user[POST_POST]], POST_POST)
     setattr(options[POST_POST], _RECORD_ATTR, record)
@@ -245,25 +280,112 @@ if _InductorBackend is not None:
             return compiled
 
 
+#: Back-ends `compile` accepts by name (a callable back-end is accepted too).
+BACKENDS = ("inductor", "aot_eager")
+
+
+class PipelineBackend:
+    """A Dynamo back-end: vllm-ir's passes in front of a compiler other than Inductor.
+
+    ``compiler(gm, example_inputs) -> callable`` receives each graph AOTAutograd produces
+    (the forward one fused, lowered and cleaned; the backward one as is -- it has no IR ops:
+    their autograd formula is native's, traced to aten), exactly like a ``fw_compiler`` /
+    ``bw_compiler`` of ``torch._dynamo.backends.common.aot_autograd``. The callable it returns
+    is called with the inputs unpacked, or with one list if it has ``_boxed_call = True``.
+    """
+
+    def __init__(
+        self,
+        compiler: Callable[..., Any],
+        record: PipelineRecord,
+        *,
+        on_unlowered: OnUnlowered = "error",
+        fusions: Sequence[IrFusion] | None = None,
+        partition_fn: Callable[..., Any] | None = None,
+    ):
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.compiler = compiler
+        self.record = record
+        self.functionalize = FunctionalizeInplacePass(record)
+        self.pipeline = IrPipelinePass(record, stage="post", on_unlowered=on_unlowered, fusions=fusions)
+        extra = {"partition_fn": partition_fn} if partition_fn is not None else {}
+        self._aot = aot_autograd(
+            fw_compiler=functools.partial(self._compile, is_inference=False),
+            bw_compiler=functools.partial(self._compile, is_inference=False),
+            inference_compiler=functools.partial(self._compile, is_inference=True),
+            keep_inference_input_mutations=True,
+            **extra,
+        )
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        cache.install_priority_guard(gm)
+        self.functionalize(gm.graph)
+        gm.recompile()
+        return self._aot(gm, example_inputs, **kwargs)
+
+    def _compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *, is_inference: bool) -> Any:
+        self.pipeline(gm.graph, is_inference)
+        gm.recompile()
+        return self.compiler(gm, example_inputs)
+
+
+def _backend(
+    backend: str | Callable[..., Any],
+    record: PipelineRecord,
+    on_unlowered: OnUnlowered,
+    fusions: Sequence[IrFusion] | None,
+) -> PipelineBackend:
+    if backend == "aot_eager":
+        from functorch.compile import min_cut_rematerialization_partition
+        from torch._dynamo.backends.debugging import boxed_nop
+
+        return PipelineBackend(
+            boxed_nop,
+            record,
+            on_unlowered=on_unlowered,
+            fusions=fusions,
+            partition_fn=min_cut_rematerialization_partition,
+        )
+    if isinstance(backend, str) or not callable(backend):
+        raise ValueError(
+            f"vllm_ir.compile: backend={backend!r} is not supported; use one of {', '.join(map(repr, BACKENDS))} "
+            "or a callable (gm, example_inputs) -> callable, which then compiles the lowered aten graphs. "
+            "Other named back-ends run their own pipeline that the passes cannot enter "
+            "(torch.compile(model, backend=...) without vllm-ir runs the IR ops through eager dispatch)"
+        )
+    return PipelineBackend(backend, record, on_unlowered=on_unlowered, fusions=fusions)
+
+
 def compile(
     model: Callable[..., Any] | None = None,
     *,
     options: dict[str, Any] | None = None,
     mode: str | None = None,
     dynamic: bool | None = None,
-    backend: str = "inductor",
+    backend: str | Callable[..., Any] = "inductor",
     on_unlowered: OnUnlowered = "error",
     fusions: Sequence[IrFusion] | None = None,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """``torch.compile`` with the vllm-ir pipeline; usable as ``@vllm_ir.compile`` or ``@vllm_ir.compile(...)``.
 
-    Takes ``torch.compile``'s arguments (``mode`` and ``options`` may be combined). The record
-    of what the passes did is `record_of(compiled)`; unlike plain ``torch.compile`` with
-    `inductor_options`, it also covers graphs served from Inductor's cache.
+    Takes ``torch.compile``'s arguments (``mode`` and ``options`` may be combined; both are
+    Inductor's). The record of what the passes did is `record_of(compiled)`; unlike plain
+    ``torch.compile`` with `inductor_options`, it also covers graphs served from Inductor's cache.
+
+    :param backend: ``"inductor"`` (default: the passes run inside Inductor),
+        ``"aot_eager"`` (AOTAutograd, the passes, then the graph runs as is -- no code
+        generation; for debugging or where Inductor is unavailable), or a callable
+        ``(gm, example_inputs) -> callable`` that compiles each graph AOTAutograd produces
+        after the passes (see `PipelineBackend`). Other names are refused.
+
+    A compiled call always runs the kernels the current compile-mode priority picks: Dynamo
+    guards every frame with IR ops on that priority, so ``set_priority(...)`` or a
+    ``priority(...)`` scope recompiles once per distinct priority (Dynamo keeps up to
+    ``torch._dynamo.config.recompile_limit`` entries per frame, then runs it eagerly, which
+    dispatches by priority too). Calls under an unchanged priority never recompile for it.
     """
-    if backend != "inductor":
-        raise ValueError(f"vllm_ir.compile runs Inductor's custom passes; backend={backend!r} is not supported")
     if model is None:
 
         def decorator(fn: F) -> F:
@@ -272,12 +394,22 @@ def compile(
                 options=options,
                 mode=mode,
                 dynamic=dynamic,
+                backend=backend,
                 on_unlowered=on_unlowered,
                 fusions=fusions,
                 **torch_compile_kwargs,
             )
 
         return decorator
+    if backend != "inductor":
+        if options or mode is not None:
+            raise ValueError(f"vllm_ir.compile: options= and mode= are Inductor's; backend={backend!r} takes neither")
+        record = PipelineRecord()
+        compiled = torch.compile(
+            model, backend=_backend(backend, record, on_unlowered, fusions), dynamic=dynamic, **torch_compile_kwargs
+        )
+        object.__setattr__(compiled, _RECORD_ATTR, record)
+        return compiled
     opts = inductor_options(on_unlowered=on_unlowered, fusions=fusions, **(options or {}))
     if _InductorBackend is not None:
         backend_obj = _RecordingInductor(mode, opts, dynamic)

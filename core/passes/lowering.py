@@ -8,6 +8,10 @@ eager and compiled runs agree on the kernel. The implementation is traced with `
 implementation is traced behind clones of its activations, which keeps the graph's
 functional meaning; `CloneCleanupPass` removes the clones that provably are not needed.
 
+Tracing costs ~10 ms per node; the nodes of a model's layers repeat the same call (same
+implementation, argument metadata and scalars), so one graph's lowering traces each distinct
+call once and copies the traced code for the repeats, with fresh fake values (`_TraceCache`).
+
 Functional implementations are lowered in ``post_grad_custom_pre_pass``, so Inductor's own
 post-grad passes (e.g. folding the residual add into ``addmm``) see their code exactly as
 they see plain torch code. In-place implementations are lowered in
@@ -19,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -68,6 +74,84 @@ def trace_impl(fn: Callable[..., Any], args: tuple[Any, ...]) -> fx.GraphModule:
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+class _TraceCache:
+    """Traced implementations of one graph's lowering, by call signature.
+
+    The key is everything tracing can see: the implementation (and whether it runs behind
+    clones), each tensor argument's dtype, device, layout, shape, strides, storage offset and
+    ``requires_grad`` (symbolic sizes by expression), which arguments are the same value, and
+    every other argument's value. A hit copies the traced code; its nodes then get fake values
+    of their own (`refresh_values`), so no two nodes share one fake tensor -- Inductor's passes
+    read aliasing from the fake values' storages.
+    """
+
+    def __init__(self) -> None:
+        self.graphs: dict[tuple, fx.GraphModule] = {}
+        self.hits = 0
+
+    @staticmethod
+    def key(impl: Any, cloned: bool, args: tuple[Any, ...], fakes: tuple[Any, ...]) -> tuple | None:
+        parts: list[object] = [id(impl), id(impl.fn), cloned]
+        firsts: dict[int, int] = {}
+        for i, (arg, fake) in enumerate(zip(args, fakes, strict=True)):
+            if isinstance(arg, fx.Node):
+                parts.append(firsts.setdefault(id(arg), i))
+            described = _describe(fake)
+            if described is None:
+                return None  # something we cannot key on: trace it afresh
+            parts.append(described)
+        return tuple(parts)
+
+
+def _describe(value: Any) -> object | None:
+    if isinstance(value, torch.Tensor):
+        return (
+            "tensor",
+            value.dtype,
+            value.device,
+            value.layout,
+            str(tuple(value.shape)),
+            str(value.stride()) if value.layout == torch.strided else None,
+            str(value.storage_offset()) if value.layout == torch.strided else None,
+            value.requires_grad,
+        )
+    if isinstance(value, (list, tuple)):
+        items = [_describe(v) for v in value]
+        return None if any(i is None for i in items) else (type(value).__name__, *items)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return (type(value).__name__, repr(value))
+    return None  # SymInts, SymFloats and anything else: no cache
+
+
+def _replayable(gm: fx.GraphModule) -> bool:
+    """Whether `refresh_values` can recompute every node: aten/custom op overloads and ``getitem``
+    only (higher-order ops, e.g. Triton kernel wrappers, and submodules are traced each time)."""
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function":
+            return False
+        if not (isinstance(node.target, torch._ops.OpOverload) or node.target is operator.getitem):
+            return False
+    return True
+
+
+def refresh_values(nodes: list[fx.Node], fake_mode: Any) -> None:
+    """Give ``nodes`` (copied from a traced graph) fake values computed from their own inputs."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with ctx, enable_python_dispatcher():
+        for node in nodes:
+            if node.op != "call_function":
+                continue
+            args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (node.args, node.kwargs))
+            val = node.target(*args, **kwargs)
+            node.meta["val"] = val
+            if isinstance(val, torch.Tensor) and "tensor_meta" in node.meta:
+                node.meta["tensor_meta"] = _extract_tensor_metadata(val)
 
 
 def _rewrite_out_variants(graph: fx.Graph) -> None:
@@ -137,12 +221,18 @@ class LoweringPass(CustomGraphPass):
         self._registered: set[torch._ops.OpOverload] = set()
         self._state: _LoweringState | None = None
 
-    def uuid(self) -> str:
+    def uuid(self) -> str | None:
+        """Priorities, candidate code and compile facts in effect now (None: a provider's facts are unreadable)."""
+        scope = _priority.current_scope()
+        facts = cache.facts_fingerprint("compile", scope)
+        if facts is None:
+            return None
         return cache.combine(
             "lowering",
             self.on_unlowered,
             cache.package_fingerprint(),
-            cache.priority_fingerprint("compile", _priority.current_scope()),
+            cache.priority_fingerprint("compile", scope),
+            facts,
         )
 
     def __call__(
@@ -219,11 +309,18 @@ class LoweringPass(CustomGraphPass):
                 "lowering %s (%s): in-place provider %r waits for the post stage", node.name, op.name, impl.provider
             )
             return  # lowered after Inductor's remove_noop_ops, which would drop its clones
-        try:
-            gm = trace_impl(fn, fake_args(args))
-        except Exception as exc:
-            self._failed(state, node, f"tracing provider {impl.provider!r} failed: {type(exc).__name__}: {exc}")
-            return
+        fakes = fake_args(args)
+        key = _TraceCache.key(impl, fn is not impl.fn, args, fakes)
+        gm = state.traces.graphs.get(key) if key is not None else None
+        cached = gm is not None
+        if gm is None:
+            try:
+                gm = trace_impl(fn, fakes)
+            except Exception as exc:
+                self._failed(state, node, f"tracing provider {impl.provider!r} failed: {type(exc).__name__}: {exc}")
+                return
+            if key is not None and _replayable(gm):
+                state.traces.graphs[key] = gm
         state.selected[(op.name, node)] = impl.provider
         if log.isEnabledFor(logging.DEBUG):
             skipped = "; ".join(f"{p}: {reason}" for p, reason in decision.skipped) or "none"
@@ -237,6 +334,9 @@ class LoweringPass(CustomGraphPass):
             )
         name, donated = node.name, donated_params(node)
         added = match.replace_with_graph(gm, list(args))
+        if cached:
+            state.traces.hits += 1
+            refresh_values(added, torch._guards.detect_fake_mode(fakes))
         if impl.inplace:
             _tag_clones(op, name, args, donated, added)
 
@@ -282,6 +382,7 @@ class _LoweringState:
         self.functional_only = functional_only
         self.selected: dict[tuple[str, fx.Node], str] = {}
         self.failed: dict[fx.Node, str] = {}
+        self.traces = _TraceCache()
 
 
 def _tag_clones(op: IrOp, ir_node: str, args: tuple[Any, ...], donated: tuple[str, ...], added: list[fx.Node]) -> None:

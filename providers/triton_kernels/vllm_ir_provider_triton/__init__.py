@@ -7,12 +7,21 @@ registered as unsupported with the reason, so ``vllm-ir providers list`` stays c
 Layout: ``ops/<family>.py`` registers one op family's implementations and predicates (every
 module there is imported); ``kernels/<family>.py`` holds its Triton code, imported by the
 family module only when Triton can run here. Adding an op family is adding those two files.
+
+Every implementation declares `compile_facts` (what a compiled graph that runs it depends on
+beyond the implementation's own code): the installed Triton, whether the interpreter runs the
+kernels, and a digest of the package's kernel sources -- the lowering cache key hashes an
+implementation's code, not the ``kernels/`` modules it launches.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
+from pathlib import Path
 
 import torch
 
@@ -54,4 +63,42 @@ def _register_op_families() -> None:
         importlib.import_module(f"{ops.__name__}.{module}")
 
 
+@functools.cache
+def _sources_digest() -> str:
+    """Digest of the package's Python sources (kernels included), as imported by this process."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _triton_version() -> str | None:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def compile_facts() -> dict[str, object]:
+    """What compiled graphs running these kernels depend on (read at every compile)."""
+    return {
+        "triton": _triton_version(),
+        "TRITON_INTERPRET": interpreting(),
+        "sources": _sources_digest(),
+        "provider": __version__,
+    }
+
+
+def _declare_compile_facts() -> None:
+    """Give every implementation this package registered its `compile_facts` (before it is used)."""
+    for op in vllm_ir.ops:
+        impl = op.impls.get(PROVIDER)
+        if impl is not None and impl.compile_facts is None:
+            impl.compile_facts = compile_facts
+
+
+PROVIDER = "triton"
 _register_op_families()
+_declare_compile_facts()

@@ -9,6 +9,7 @@ undefined symbol or, worse, load and misbehave.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -31,6 +32,8 @@ class ExtensionStatus:
     reason: str | None = None
     cuda_kernels: bool = False
     torch_version: str | None = None
+    #: The loaded shared library (for the compile facts: a rebuild in place changes it).
+    library: str | None = None
 
 
 def check_build(info: ModuleType | Any | None, torch_version: str) -> str | None:
@@ -56,10 +59,21 @@ def load(package: str) -> ExtensionStatus:
     if reason is not None:
         return ExtensionStatus(False, reason)
     try:
-        importlib.import_module(f"{package}._C")
+        library = importlib.import_module(f"{package}._C").__file__
     except Exception as e:  # ImportError, OSError (undefined symbol), RuntimeError (duplicate library)
         return ExtensionStatus(False, f"the C++ extension failed to load: {type(e).__name__}: {e}; {REBUILD}")
-    return ExtensionStatus(True, None, bool(info.CUDA_KERNELS), info.TORCH_VERSION)
+    return ExtensionStatus(True, None, bool(info.CUDA_KERNELS), info.TORCH_VERSION, library)
+
+
+def compile_facts(status: ExtensionStatus) -> dict[str, object]:
+    """What a graph compiled with these kernels depends on beyond their Python source (the
+    compile cache's key): the build's torch, whether CUDA kernels are in it, and the library
+    file itself (size and modification time), so a rebuild in place misses the cache."""
+    facts: dict[str, object] = {"vllm_c.torch": status.torch_version, "vllm_c.cuda_kernels": status.cuda_kernels}
+    if status.library is not None:
+        stat = os.stat(status.library)
+        facts["vllm_c.library"] = (stat.st_size, stat.st_mtime_ns)
+    return facts
 
 
 def supported(status: ExtensionStatus) -> bool | Unsupported:

@@ -12,7 +12,7 @@ from torch import Tensor
 import vllm_ir
 from vllm_ir import Unsupported
 
-from ._extension import PROVIDER, ExtensionStatus, supported, torch_op
+from ._extension import PROVIDER, ExtensionStatus, compile_facts, supported, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -42,7 +42,11 @@ def register(status: ExtensionStatus) -> None:
 
     # The kernel computes each element independently: results never depend on the batch.
     @vllm_ir.ops.silu_and_mul.register_impl(
-        PROVIDER, supported=supported(status), supports_args=supports, batch_invariant=True
+        PROVIDER,
+        supported=supported(status),
+        supports_args=supports,
+        batch_invariant=True,
+        compile_facts=compile_facts(status),
     )
     def silu_and_mul(x):
         out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)

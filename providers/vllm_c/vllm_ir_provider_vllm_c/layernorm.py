@@ -21,7 +21,7 @@ from torch import Tensor
 import vllm_ir
 from vllm_ir import Unsupported
 
-from ._extension import PROVIDER, ExtensionStatus, devices, supported, torch_op
+from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Ops this module puts ``vllm_c`` first for on the CPU platform in eager mode
@@ -39,7 +39,11 @@ def register(status: ExtensionStatus) -> None:
     on = devices(status)
     # The CPU kernels reduce each row in a fixed order whatever the batch; the CUDA ones do not
     # (their summation order depends on hidden size and pointer alignment).
-    options = {"supported": supported(status), "batch_invariant": on == ("cpu",)}
+    options = {
+        "supported": supported(status),
+        "batch_invariant": on == ("cpu",),
+        "compile_facts": compile_facts(status),
+    }
 
     def supports_rms_norm(
         x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
