@@ -58,7 +58,7 @@ def test_impls_are_registered_and_survive_the_registry_snapshot():
     assert not rms.inplace and rms.inplace_fn is None
     # Both forms of the fused op under one name: the functional kernel, and the in-place one.
     assert not fused.inplace and fused.inplace_fn is not None and fused.has_inplace_kernel
-    assert [f.__name__ for f in provider.FAMILIES] == ["vllm_ir_provider_vllm_c.layernorm"]
+    assert "vllm_ir_provider_vllm_c.layernorm" in [f.__name__ for f in provider.FAMILIES]
     # Batch-invariant only where no CUDA kernels are built (their reduction order varies).
     cuda_built = provider.STATUS.cuda_kernels and torch.version.hip is None
     assert RMS.impls["vllm_c"].batch_invariant == FUSED.impls["vllm_c"].batch_invariant == (not cuda_built)
@@ -66,8 +66,9 @@ def test_impls_are_registered_and_survive_the_registry_snapshot():
 
 def test_default_priority_puts_vllm_c_first_in_eager_mode_only():
     contribution = provider.vllm_ir_default_priority(platforms.CPU, "eager")
-    assert contribution == {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"]}
-    # The core's CUDA and ROCm platforms name no provider: vllm_c states its place itself.
+    assert contribution == {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"], "silu_and_mul": ["vllm_c"]}
+    # The core's CUDA and ROCm platforms name no provider: vllm_c states its place itself,
+    # for the ops it has CUDA kernels of (silu_and_mul is CPU only).
     for gpu in (platforms.CUDA, platforms.ROCM):
         assert provider.vllm_ir_default_priority(gpu, "eager") == {
             "fused_add_rms_norm": ["vllm_c"],
@@ -514,7 +515,7 @@ import vllm_ir
 
 from ._extension import PROVIDER, supported, torch_op
 
-CPU_EAGER_FIRST = ("toy_scale",)
+EAGER_FIRST = {"cpu": ("toy_scale",)}
 
 
 @vllm_ir.register_op

@@ -13,7 +13,7 @@ are registered as unsupported with that reason, which ``vllm-ir providers list``
 
 Op families are found, not listed: every public module of this package (a name without a
 leading underscore) is imported and its ``register(status)`` called; its optional
-``CPU_EAGER_FIRST`` names the ops for which ``vllm_c`` goes first on CPU in eager mode.
+``EAGER_FIRST`` maps platform names to the ops for which ``vllm_c`` goes first in eager mode.
 Adding an op therefore adds files (csrc/cpu/<op>.cpp, csrc/cuda/<op>.cu, <op>.py) and edits none.
 """
 
@@ -59,15 +59,10 @@ def cpu_capability() -> str | None:
     return torch.ops.vllm_ir_c.cpu_capability()
 
 
-#: GPU platforms where ``vllm_c`` goes first in eager mode for every op it implements (the
-#: seed's CUDA and ROCm defaults; on ROCm aiter's hook runs first and goes before it).
-GPU_PLATFORMS = ("cuda", "rocm")
-
-
 @hookimpl
 def vllm_ir_default_priority(platform, mode: str) -> Mapping[str, Sequence[str]] | None:
-    """Eager mode only: on CUDA and ROCm ``vllm_c`` first for every op it implements, on CPU
-    for each family's ``CPU_EAGER_FIRST`` ops (measured there by benchmarks/kernels.py).
+    """Eager mode only: ``vllm_c`` first for the ops each family's ``EAGER_FIRST`` lists for
+    this platform (where its kernels exist and measured faster; see the family modules).
 
     Not under compile: an opaque kernel stops Inductor from fusing the norm with its
     neighbours, and native lowering measured 8-23% faster on a norm-heavy decoder
@@ -75,10 +70,5 @@ def vllm_ir_default_priority(platform, mode: str) -> Mapping[str, Sequence[str]]
     """
     if mode != "eager":
         return None
-    if platform.name in GPU_PLATFORMS:
-        import vllm_ir
-
-        return {op: [PROVIDER] for op in vllm_ir.ops_implemented_by(PROVIDER)}
-    if platform.name == "cpu":
-        return {op: [PROVIDER] for family in FAMILIES for op in getattr(family, "CPU_EAGER_FIRST", ())}
-    return None
+    ops = [op for family in FAMILIES for op in getattr(family, "EAGER_FIRST", {}).get(platform.name, ())]
+    return {op: [PROVIDER] for op in ops} or None

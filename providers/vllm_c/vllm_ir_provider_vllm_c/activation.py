@@ -15,6 +15,9 @@ from vllm_ir import Unsupported
 from ._extension import PROVIDER, ExtensionStatus, compile_facts, supported, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: CPU only (no CUDA kernel yet). Measured against native (2 threads, d = 8192, median µs):
+#: fp32 1.35-10x faster at T 1-2048; bf16 0.95-1.7x (even at T 16-256, ahead at 1 and 2048).
+EAGER_FIRST = {"cpu": ("silu_and_mul",)}
 
 
 def register(status: ExtensionStatus) -> None:

@@ -24,9 +24,10 @@ from vllm_ir import Unsupported
 from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: Ops this module puts ``vllm_c`` first for on the CPU platform in eager mode
-#: (benchmarks/kernels.py: it wins at every shape there).
-CPU_EAGER_FIRST = ("rms_norm", "fused_add_rms_norm")
+#: Platforms where ``vllm_c`` goes first for these ops in eager mode: CPU (benchmarks/kernels.py:
+#: it wins at every shape there), and CUDA and ROCm (the seed's defaults; aiter's hook goes
+#: before it on ROCm).
+EAGER_FIRST = {platform: ("rms_norm", "fused_add_rms_norm") for platform in ("cpu", "cuda", "rocm")}
 
 
 def register(status: ExtensionStatus) -> None:
