@@ -7,6 +7,7 @@ print(vllm_ir.ops.rms_norm.explain(x, weight, 1e-6))
 
 from vllm_ir import log as _log
 from vllm_ir import plugins as _plugins
+from vllm_ir.env import ConfigError, ConfigWarning
 from vllm_ir.errors import (
     DonationError,
     FallbackError,
@@ -64,6 +65,8 @@ def __getattr__(name: str):
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConfigError",
+    "ConfigWarning",
     "Platform",
     "PluginError",
     "ProviderRecord",

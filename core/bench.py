@@ -4,14 +4,23 @@ For each (op, dtype, shape, provider): correctness against native first (a wrong
 reported, never timed), then timing with the shared helpers of `vllm_ir.timing` (CPU: warm-up
 and median of repeated runs; CUDA: CUDA events, graphs where possible), reported as µs, GB/s
 and % of this machine's copy bandwidth, measured by the command itself.
+
+Every figure is measured in rounds (the implementations of one case take turns, so a burst of
+load hits all of them alike): the figure is the median over rounds and its spread the
+interquartile range (IQR). A figure whose spread exceeds `NOISE_LIMIT` of its median is
+re-measured (up to `EXTRA_ROUND_SETS` more sets of rounds) and flagged if it stays that wide;
+a winner whose runner-up lies within the spread is marked as one the machine was too noisy to
+call. The copy bandwidth is measured with the same rounds.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +34,10 @@ from vllm_ir.timing import machine_summary, time_kernel
 
 #: A single call slower than this is not timed (e.g. an interpreter back-end).
 MAX_CALL_SECONDS = 0.5
+#: IQR / median above this: the figure is re-measured, then flagged if it stays above.
+NOISE_LIMIT = 0.10
+#: How many extra sets of rounds a too-wide figure gets.
+EXTRA_ROUND_SETS = 2
 
 
 @dataclass
@@ -40,15 +53,76 @@ class Result:
     gbps: float | None = None
     pct_of_copy: float | None = None
     dispatcher_picks: str | None = None
+    #: Interquartile range of the per-round medians, and the quartiles themselves.
+    iqr_us: float | None = None
+    q1_us: float | None = None
+    q3_us: float | None = None
+    #: IQR as a percentage of the median.
+    spread_pct: float | None = None
+    rounds: int = 0
+    #: The spread stayed above NOISE_LIMIT after re-measuring.
+    noisy: bool = False
 
 
-def copy_bandwidth(device: torch.device, mib: int) -> float:
-    """GB/s of ``dst.copy_(src)`` for ``mib`` MiB of fp32 (bytes read + written)."""
+@dataclass(frozen=True)
+class Spread:
+    """Median and quartiles of per-round figures."""
+
+    median: float
+    q1: float
+    q3: float
+    rounds: int
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    @property
+    def relative(self) -> float:
+        return self.iqr / self.median if self.median > 0 else math.inf
+
+
+def spread_of(values: Sequence[float]) -> Spread:
+    """Median and quartiles (inclusive method: quartiles of the values themselves)."""
+    if len(values) == 1:
+        return Spread(values[0], values[0], values[0], 1)
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return Spread(median, q1, q3, len(values))
+
+
+def measure_rounds(
+    fns: dict[str, Callable[[], object]], device: torch.device, *, repeats: int, rounds: int
+) -> dict[str, Spread]:
+    """Time every callable in ``rounds`` interleaved rounds; re-measure those whose spread is too wide."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+
+    def run(names: list[str], n: int) -> None:
+        for r in range(n):
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
+            for name in order:
+                warmup = 3 if not samples[name] else 1
+                samples[name].append(time_kernel(fns[name], device, warmup=warmup, repeats=repeats).median_us)
+
+    run(list(fns), rounds)
+    for _ in range(EXTRA_ROUND_SETS):
+        wide = [n for n in fns if spread_of(samples[n]).relative > NOISE_LIMIT]
+        if not wide:
+            break
+        run(wide, rounds)
+    return {name: spread_of(values) for name, values in samples.items()}
+
+
+def copy_bandwidth(device: torch.device, mib: int, *, repeats: int = 15, rounds: int = 1) -> Spread:
+    """GB/s of ``dst.copy_(src)`` for ``mib`` MiB of fp32 (bytes read + written), over rounds.
+
+    The quartiles are of GB/s (q1 the slower rounds).
+    """
     n = mib * 2**20 // 4
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    t = time_kernel(lambda: dst.copy_(src), device, warmup=3, repeats=15)
-    return 2 * n * 4 / t.median_us / 1e3
+    us = measure_rounds({"copy_": lambda: dst.copy_(src)}, device, repeats=repeats, rounds=rounds)["copy_"]
+    to_gbps = 2 * n * 4 / 1e3
+    return Spread(to_gbps / us.median, to_gbps / us.q3, to_gbps / us.q1, us.rounds)
 
 
 def _clone_args(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -62,7 +136,9 @@ def _bytes_moved(args: Sequence[Any], out: Any) -> int:
     return read + sum(o.nbytes for o in outs if isinstance(o, torch.Tensor))
 
 
-def bench_case(op: IrOp, impl: IrOpImpl, args: tuple, repeats: int) -> Result:
+def validate_case(op: IrOp, impl: IrOpImpl, args: tuple) -> tuple[Result, Callable[[], object] | None, int]:
+    """Correctness against native; returns the result so far, the timed call (if it may be timed)
+    and the bytes it moves."""
     from vllm_ir.testing import Case, compare
 
     dtype = args[0].dtype
@@ -71,7 +147,7 @@ def bench_case(op: IrOp, impl: IrOpImpl, args: tuple, repeats: int) -> Result:
     verdict = selection.ask(impl, args)
     if not verdict:
         base.status, base.detail = "declined", reason_of(verdict, "declined")
-        return base
+        return base, None, 0
     try:
         t0 = time.perf_counter()
         out = impl.fn(*_clone_args(args))
@@ -79,10 +155,10 @@ def bench_case(op: IrOp, impl: IrOpImpl, args: tuple, repeats: int) -> Result:
         compare(op, impl, case, out, op.fn(*args))
     except AssertionError as exc:
         base.status, base.detail = "wrong", str(exc).splitlines()[0]
-        return base
+        return base, None, 0
     except Exception as exc:
         base.status, base.detail = "error", f"{type(exc).__name__}: {exc}".splitlines()[0]
-        return base
+        return base, None, 0
     # In-place kernels run on the same buffers over and over: allocation-free, as in serving.
     work = _clone_args(args)
     again = time.perf_counter()
@@ -92,13 +168,49 @@ def bench_case(op: IrOp, impl: IrOpImpl, args: tuple, repeats: int) -> Result:
             "too slow",
             f"one call took {time.perf_counter() - again:.1f} s (first {first:.1f} s)",
         )
-        return base
-    timing = time_kernel(lambda: impl.fn(*work), args[0].device, warmup=3, repeats=repeats)
-    base.median_us = timing.median_us
-    base.gbps = _bytes_moved(args, out) / timing.median_us / 1e3
+        return base, None, 0
     if not impl.inplace:
         base.detail = "includes allocating the output"
-    return base
+    return base, (lambda: impl.fn(*work)), _bytes_moved(args, out)
+
+
+def bench_case(op: IrOp, impl: IrOpImpl, args: tuple, repeats: int, rounds: int = 1) -> Result:
+    """One (op, implementation, inputs) on its own: validated, then timed in ``rounds`` rounds."""
+    result, call, moved = validate_case(op, impl, args)
+    if call is not None:
+        _fill(
+            result,
+            measure_rounds({impl.provider: call}, args[0].device, repeats=repeats, rounds=rounds)[impl.provider],
+            moved,
+        )
+    return result
+
+
+def _fill(result: Result, spread: Spread, moved: int) -> None:
+    result.median_us = spread.median
+    result.q1_us, result.q3_us, result.iqr_us = spread.q1, spread.q3, spread.iqr
+    result.spread_pct = 100 * spread.relative
+    result.rounds = spread.rounds
+    result.noisy = spread.relative > NOISE_LIMIT
+    result.gbps = moved / spread.median / 1e3
+
+
+def plan_of(
+    op_names: Sequence[str], providers: Sequence[str] | None
+) -> tuple[list[IrOp], dict[str, list[IrOpImpl]], list[str]]:
+    """The ops, their implementations to measure, and why requested providers are not measured."""
+    ops = [vllm_ir.ops.__getattr__(n) for n in op_names] if op_names else list(vllm_ir.ops)
+    impls: dict[str, list[IrOpImpl]] = {}
+    skipped: list[str] = []
+    for op in ops:
+        impls[op.name] = [i for i in op.impls.values() if i.supported and (not providers or i.provider in providers)]
+    for name in providers or ():
+        found = [op.impls[name] for op in ops if name in op.impls]
+        if not found:
+            skipped.append(f"{name} implements none of {', '.join(op.name for op in ops)} here")
+        elif not any(i.supported for i in found):
+            skipped.append(f"{name} is unsupported here ({found[0].unsupported_reason})")
+    return ops, impls, skipped
 
 
 def run(
@@ -111,68 +223,152 @@ def run(
     device: str,
     repeats: int,
     copy_mib: int,
+    rounds: int = 5,
     progress: bool = True,
 ) -> dict[str, Any]:
     vllm_ir.load_providers()
     dev = torch.device(device)
-    ops = [vllm_ir.ops.__getattr__(n) for n in op_names] if op_names else list(vllm_ir.ops)
-    bandwidth = copy_bandwidth(dev, copy_mib)
-    plan = []
+    ops, impls, skipped = plan_of(op_names, providers)
+    bandwidth = copy_bandwidth(dev, copy_mib, repeats=repeats, rounds=rounds)
+    total = sum(len(impls[op.name]) for op in ops) * len(dtypes) * len(tokens)
+    results: list[Result] = []
+    k = 0
     for op in ops:
-        impls = [i for i in op.impls.values() if i.supported and (not providers or i.provider in providers)]
         for dtype in dtypes:
             for t in tokens:
-                for impl in impls:
-                    plan.append((op, dtype, t, impl))
-    results: list[Result] = []
-    inputs: dict[tuple, tuple] = {}
-    for k, (op, dtype, t, impl) in enumerate(plan, 1):
-        if progress:
-            line = f"[{k}/{len(plan)}] {op.name} {str(dtype).removeprefix('torch.')} [{t}, {hidden}] {impl.provider}"
-            sys.stderr.write(f"\r{line:<80}" if sys.stderr.isatty() else line + "\n")
-            sys.stderr.flush()
-        key = (op.name, dtype, t)
-        if key not in inputs:
-            inputs[key] = op.generate_inputs((t, hidden), dtype, dev)
-        args = inputs[key]
-        r = bench_case(op, impl, args, repeats)
-        r.dispatcher_picks = op.dispatch(*args).provider
-        if r.gbps is not None:
-            r.pct_of_copy = 100 * r.gbps / bandwidth
-        results.append(r)
+                args = op.generate_inputs((t, hidden), dtype, dev)
+                picks = op.dispatch(*args).provider if impls[op.name] else None
+                timed: dict[str, tuple[Result, Callable[[], object], int]] = {}
+                for impl in impls[op.name]:
+                    k += 1
+                    if progress:
+                        dtype_name = str(dtype).removeprefix("torch.")
+                        line = f"[{k}/{total}] {op.name} {dtype_name} [{t}, {hidden}] {impl.provider}"
+                        sys.stderr.write(f"\r{line:<80}" if sys.stderr.isatty() else line + "\n")
+                        sys.stderr.flush()
+                    r, call, moved = validate_case(op, impl, args)
+                    r.dispatcher_picks = picks
+                    results.append(r)
+                    if call is not None:
+                        timed[impl.provider] = (r, call, moved)
+                if timed:
+                    spreads = measure_rounds(
+                        {p: call for p, (_, call, _) in timed.items()}, dev, repeats=repeats, rounds=rounds
+                    )
+                    for p, (r, _, moved) in timed.items():
+                        _fill(r, spreads[p], moved)
+                        r.pct_of_copy = 100 * r.gbps / bandwidth.median
     if progress and sys.stderr.isatty():
         sys.stderr.write("\r" + " " * 80 + "\r")
-    return {
+    report = {
         "machine": machine_summary(),
         "device": str(dev),
-        "copy_bandwidth_gbps": bandwidth,
+        "copy_bandwidth_gbps": bandwidth.median,
+        "copy_bandwidth_q1_gbps": bandwidth.q1,
+        "copy_bandwidth_q3_gbps": bandwidth.q3,
+        "copy_bandwidth_spread_pct": 100 * (bandwidth.q3 - bandwidth.q1) / bandwidth.median,
+        "copy_bandwidth_noisy": (bandwidth.q3 - bandwidth.q1) / bandwidth.median > NOISE_LIMIT,
+        "rounds": rounds,
+        "repeats_per_round": repeats,
+        "noise_limit_pct": 100 * NOISE_LIMIT,
         "hidden": hidden,
+        "not_measured": skipped,
         "results": [asdict(r) for r in results],
     }
+    report["winners"] = winner_table(report)
+    report["suggested_priority"] = suggested_priority(report)
+    return report
+
+
+def winner_table(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per (op, dtype, tokens): the fastest, the runner-up, and whether the spread makes the call uncertain."""
+    cases: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in report["results"]:
+        if r["status"] == "ok" and r["median_us"] is not None:
+            cases.setdefault((r["op"], r["dtype"], r["tokens"]), []).append(r)
+    out = []
+    for (op, dtype, tokens), rows in cases.items():
+        rows = sorted(rows, key=lambda r: r["median_us"])
+        best, runner = rows[0], (rows[1] if len(rows) > 1 else None)
+        uncertain = bool(runner is not None and runner["q1_us"] <= best["q3_us"])
+        out.append(
+            {
+                "op": op,
+                "dtype": dtype,
+                "tokens": tokens,
+                "winner": best["provider"],
+                "runner_up": runner["provider"] if runner else None,
+                "uncertain": uncertain,
+            }
+        )
+    return out
 
 
 def winners(report: dict[str, Any]) -> dict[tuple[str, str, int], str]:
-    best: dict[tuple[str, str, int], tuple[float, str]] = {}
-    for r in report["results"]:
-        if r["status"] == "ok" and r["median_us"] is not None:
-            key = (r["op"], r["dtype"], r["tokens"])
-            if key not in best or r["median_us"] < best[key][0]:
-                best[key] = (r["median_us"], r["provider"])
-    return {k: v[1] for k, v in best.items()}
+    return {(w["op"], w["dtype"], w["tokens"]): w["winner"] for w in report.get("winners") or winner_table(report)}
+
+
+def suggested_priority(report: dict[str, Any]) -> dict[str, Any]:
+    """A priority per op that puts the measured winners first.
+
+    Providers are ranked by the geometric mean, over the cases each was timed in, of its time
+    relative to that case's fastest; the list stops at ``native`` (which accepts every call,
+    so nothing after it is reachable) and always ends with it.
+    """
+    ratios: dict[str, dict[str, list[float]]] = {}
+    best: dict[tuple[str, str, int], float] = {}
+    ok = [r for r in report["results"] if r["status"] == "ok" and r["median_us"]]
+    for r in ok:
+        key = (r["op"], r["dtype"], r["tokens"])
+        best[key] = min(best.get(key, math.inf), r["median_us"])
+    for r in ok:
+        ratio = r["median_us"] / best[(r["op"], r["dtype"], r["tokens"])]
+        ratios.setdefault(r["op"], {}).setdefault(r["provider"], []).append(ratio)
+    lists: dict[str, list[str]] = {}
+    for op, per_provider in ratios.items():
+        score = {p: math.exp(sum(map(math.log, v)) / len(v)) for p, v in per_provider.items()}
+        ranked = sorted(score, key=lambda p: (score[p], p != "native"))
+        ranked = ranked[: ranked.index("native") + 1] if "native" in ranked else [*ranked, "native"]
+        lists[op] = ranked
+    env_value = ";".join(f"{op}={','.join(ps)}" for op, ps in sorted(lists.items()))
+    toml = "\n".join(["[priority.eager]"] + [f"{op} = [{', '.join(repr(p) for p in ps)}]".replace("'", '"')
+                                              for op, ps in sorted(lists.items())])  # fmt: skip
+    uncertain = sorted({w["op"] for w in report.get("winners") or winner_table(report) if w["uncertain"]})
+    return {"lists": lists, "env": env_value, "toml": toml, "uncertain_ops": uncertain}
+
+
+def _cell(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return r["status"].upper() if r["status"] == "wrong" else r["status"]
+    flag = "!" if r["noisy"] else ""
+    return f"{r['median_us']:.1f}±{r['spread_pct']:.0f}%{flag} ({r['gbps']:.1f}, {r['pct_of_copy']:.0f}%)"
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = [report["machine"], f"copy_ bandwidth on {report['device']}: {report['copy_bandwidth_gbps']:.1f} GB/s"]
-    win = winners(report)
+    bw_spread = report.get("copy_bandwidth_spread_pct")
+    lines = [
+        report["machine"],
+        f"copy_ bandwidth on {report['device']}: {report['copy_bandwidth_gbps']:.1f} GB/s"
+        + (f" ±{bw_spread:.0f}% over {report['rounds']} rounds" if bw_spread is not None else ""),
+    ]
+    if report.get("copy_bandwidth_noisy"):
+        lines.append(
+            f"  the copy_ bandwidth varied by more than {report['noise_limit_pct']:.0f}% between rounds: "
+            "the machine is busy, every figure below is rough"
+        )
+    win = {(w["op"], w["dtype"], w["tokens"]): w for w in report.get("winners") or winner_table(report)}
     by_op: dict[str, list[dict[str, Any]]] = {}
     for r in report["results"]:
         by_op.setdefault(r["op"], []).append(r)
+    width = 27
     for op, rows in by_op.items():
         providers = list(dict.fromkeys(r["provider"] for r in rows))
         lines.append("")
-        lines.append(f"{op} [tokens, {report['hidden']}]: us (GB/s, % of copy)")
+        lines.append(f"{op} [tokens, {report['hidden']}]: us ±spread (GB/s, % of copy)")
         header = (
-            f"{'dtype':<9}{'tokens':>7}  " + "".join(f"{p:>24}" for p in providers) + f"{'winner':>12}{'dispatch':>12}"
+            f"{'dtype':<9}{'tokens':>7}  "
+            + "".join(f"{p:>{width}}" for p in providers)
+            + f"{'winner':>13}{'dispatch':>12}"
         )
         lines.append(header)
         cases = list(dict.fromkeys((r["dtype"], r["tokens"]) for r in rows))
@@ -184,19 +380,45 @@ def format_report(report: dict[str, Any]) -> str:
                 if r is None:
                     cells.append("")
                     continue
-                picks = r["dispatcher_picks"]
-                if r["status"] == "ok":
-                    cells.append(f"{r['median_us']:.1f} ({r['gbps']:.1f}, {r['pct_of_copy']:.0f}%)")
-                else:
-                    cells.append(r["status"].upper() if r["status"] == "wrong" else r["status"])
-            lines.append(
-                f"{dtype:<9}{t:>7}  "
-                + "".join(f"{c:>24}" for c in cells)
-                + f"{win.get((op, dtype, t), '-'):>12}{picks:>12}"
-            )
+                picks = r["dispatcher_picks"] or ""
+                cells.append(_cell(r))
+            w = win.get((op, dtype, t))
+            winner = "-" if w is None else w["winner"] + ("?" if w["uncertain"] else "")
+            lines.append(f"{dtype:<9}{t:>7}  " + "".join(f"{c:>{width}}" for c in cells) + f"{winner:>13}{picks:>12}")
         notes = {(r["provider"], r["status"], r["detail"]) for r in rows if r["status"] != "ok"}
         for provider, status, detail in sorted(notes, key=str):
             lines.append(f"  {provider}: {status}: {detail}")
+    noisy = [r for r in report["results"] if r.get("noisy")]
+    uncertain = [w for w in win.values() if w["uncertain"]]
+    lines.append("")
+    lines.append(
+        f"±: interquartile range of {report.get('rounds', 1)} rounds (more where re-measured) as % of the median; "
+        f"!: still wider than {report.get('noise_limit_pct', 100 * NOISE_LIMIT):.0f}% after re-measuring; "
+        "?: the runner-up is within the spread"
+    )
+    if noisy or uncertain:
+        lines.append(
+            f"too noisy to trust: {len(noisy)} figure(s) flagged !, {len(uncertain)} winner(s) marked ? "
+            "(the machine was busy; rerun on an idle machine or with more --rounds before acting on them)"
+        )
+    for note in report.get("not_measured", []):
+        lines.append(f"not measured: {note}")
+    return "\n".join(lines)
+
+
+def format_priority(report: dict[str, Any]) -> str:
+    s = report["suggested_priority"]
+    if not s["lists"]:
+        return "# no figure was measured: no priority to suggest"
+    tokens = ",".join(str(t) for t in sorted({r["tokens"] for r in report["results"]}))
+    lines = [
+        f"# priority that puts the measured winners first (eager calls; hidden {report['hidden']}, tokens {tokens})"
+    ]
+    if s["uncertain_ops"]:
+        lines.append(f"# uncertain (noisy machine) for: {', '.join(s['uncertain_ops'])}")
+    lines.append(f'VLLM_IR_OP_PRIORITY="{s["env"]}"')
+    lines.append("# or, for eager mode only, in the VLLM_IR_CONFIG file (the variable applies to compile mode too):")
+    lines.append(s["toml"])
     return "\n".join(lines)
 
 
@@ -228,20 +450,53 @@ def plot(report: dict[str, Any], path: str) -> str:
     return f"plot written to {path}"
 
 
+def _check_providers(names: Sequence[str], ops: Sequence[IrOp]) -> None:
+    """An unknown provider name is a usage error listing the known ones (one not here is only skipped)."""
+    from vllm_ir import env
+    from vllm_ir.cli import UsageError
+
+    here = {p for op in ops for p in op.impls}
+    known = here | set(env.KNOWN_PROVIDERS) | {r.name for r in vllm_ir.provider_records()}
+    for name in names:
+        if name not in known:
+            raise UsageError(
+                f"argument --providers: unknown provider {name!r}; known providers of "
+                f"{', '.join(op.name for op in ops)}: {', '.join(sorted(here))}{env.did_you_mean(name, sorted(known))}"
+            )
+
+
 def main(args: Any) -> int:
-    dtypes = [getattr(torch, d) for d in (args.dtype.split(",") if args.dtype else ["float32", "bfloat16"])]
+    from vllm_ir.cli import UsageError, check_memory, check_writable, get_op
+
+    dtypes = args.dtype or [torch.float32, torch.bfloat16]
     if args.quick:
         tokens = args.tokens or [1, 16, 256]
-        repeats, copy_mib = 15, 64
+        repeats, copy_mib, rounds = 3, 64, 5
     else:
         tokens = args.tokens or [1, 16, 256, 4096]
-        repeats, copy_mib = 40, 256
+        repeats, copy_mib, rounds = 8, 256, 5
+    rounds = getattr(args, "rounds", None) or rounds
+    vllm_ir.load_providers()
     if args.device is None:
-        import vllm_ir
-
         args.device = vllm_ir.current_platform().device_type
+    ops = [get_op(name, "ops") for name in args.ops] if args.ops else list(vllm_ir.ops)
+    if args.providers is not None:
+        if not args.providers:
+            raise UsageError("argument --providers: no provider named; expected e.g. --providers vllm_c,aten")
+        _check_providers(args.providers, ops)
+    for argument, path in (("--json", args.json_file), ("--plot", args.plot)):
+        if path:
+            check_writable(argument, path)
+    check_memory("arguments --tokens/--hidden", (max(tokens), args.hidden), dtypes, args.device)
+    _, impls, skipped = plan_of([op.name for op in ops], args.providers)
+    if not any(impls.values()):
+        reasons = "; ".join(skipped) or "no implementation is supported here"
+        print(f"vllm-ir bench: error: nothing to measure: {reasons}", file=sys.stderr)
+        return 1
+    for note in skipped:
+        print(f"vllm-ir bench: note: not measured: {note}", file=sys.stderr)
     report = run(
-        args.ops,
+        [op.name for op in ops],
         providers=args.providers,
         dtypes=dtypes,
         tokens=tokens,
@@ -249,15 +504,24 @@ def main(args: Any) -> int:
         device=args.device,
         repeats=repeats,
         copy_mib=copy_mib,
+        rounds=rounds,
     )
+    print(format_report(report))  # first: a failing write below must not lose the run
+    if getattr(args, "emit_priority", False):
+        print()
+        print(format_priority(report))
+    status = 0
     if args.json_file:
-        with open(args.json_file, "w") as f:
-            json.dump(report, f, indent=2)
-    print(format_report(report))
+        try:
+            with open(args.json_file, "w") as f:
+                json.dump(report, f, indent=2)
+        except OSError as exc:
+            print(f"vllm-ir bench: error: argument --json: cannot write {args.json_file}: {exc}", file=sys.stderr)
+            status = 1
     if args.plot:
         print(plot(report, args.plot))
     wrong = [r for r in report["results"] if r["status"] in ("wrong", "error")]
     if wrong:
         print(f"\n{len(wrong)} implementation(s) failed correctness: exit code 1", file=sys.stderr)
         return 1
-    return 0
+    return status

@@ -1,8 +1,10 @@
 """The ``vllm-ir`` command line: see and steer every choice the dispatcher makes.
 
-Verbs: ``providers list``, ``ops``, ``explain``, ``doctor``. Each takes ``--json`` (stable
-fields, documented in README). Human output is a table; errors go to stderr with exit code 2
-(usage) or 1 (a failure the command reports).
+Verbs: ``providers list``, ``ops``, ``explain``, ``doctor``, ``bench``. Each takes ``--json``
+(stable fields, documented in README). Human output is a table. Every error is one line on
+stderr naming the argument (or setting) and the accepted values: exit code 2 for a usage
+error (a bad argument, an argument this machine cannot honour), 1 for a failure the command
+reports. ``VLLM_IR_LOG_LEVEL=DEBUG`` adds the traceback of an unexpected error.
 """
 
 from __future__ import annotations
@@ -12,8 +14,26 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
+
+#: Activation dtypes the commands accept (the ops are floating-point ops).
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+#: Largest single dimension accepted from the command line.
+MAX_DIM = 2**31 - 1
+
+
+class UsageError(Exception):
+    """A command-line argument is wrong (or cannot be honoured here): one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``vllm-ir explain: error: argument --shape: ...`` (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -112,27 +132,197 @@ def cmd_ops(args: argparse.Namespace) -> int:
             + "\n"
             + prio
         )
-    _emit(args, {"ops": ops}, "\n\n".join(blocks))
+    from vllm_ir import config
+
+    site = config.current().path
+    header = [f"site config: {site} (VLLM_IR_CONFIG); its entries show as [config {site}]"] if site else []
+    _emit(args, {"config": site, "ops": ops}, "\n\n".join(header + blocks))
     return 0
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks: each names its argument and the accepted values.
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
     try:
-        shape = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d)
+        shape = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid shape {text!r}: expected e.g. 16x4096") from None
-    if not shape or any(d < 0 for d in shape):
-        raise argparse.ArgumentTypeError(f"invalid shape {text!r}: expected e.g. 16x4096")
+        raise argparse.ArgumentTypeError(f"invalid shape {text!r}: expected sizes >= 0 such as 16x4096") from None
+    if not shape or any(d < 0 or d > MAX_DIM for d in shape):
+        raise argparse.ArgumentTypeError(
+            f"invalid shape {text!r}: expected sizes between 0 and {MAX_DIM} such as 16x4096"
+        )
     return shape
 
 
 def _parse_dtype(text: str) -> Any:
     import torch
 
-    dtype = getattr(torch, text, None)
+    dtype = getattr(torch, text.strip(), None)
     if not isinstance(dtype, torch.dtype):
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: expected e.g. float32, bfloat16, float16")
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; accepted: {', '.join(FLOAT_DTYPES)}")
+    if not dtype.is_floating_point or dtype.itemsize < 2:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a floating-point dtype the ops take; accepted: {', '.join(FLOAT_DTYPES)}"
+        )
     return dtype
+
+
+def _parse_dtypes(text: str) -> list[Any]:
+    names = _comma_list(text)
+    if not names:
+        raise argparse.ArgumentTypeError(f"no dtype given; accepted: {', '.join(FLOAT_DTYPES)}")
+    return list(dict.fromkeys(_parse_dtype(n) for n in names))
+
+
+def _parse_device(text: str) -> str:
+    """A torch device this machine has: ``cpu``, ``cuda``, ``cuda:1``, ..."""
+    import torch
+
+    available = _available_devices()
+    try:
+        device = torch.device(text.strip())
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; accepted here: {', '.join(available)}") from None
+    if device.type == "cpu":
+        return str(device)
+    if device.type == "meta":
+        raise argparse.ArgumentTypeError(f"{text!r} holds no data; accepted here: {', '.join(available)}")
+    module = getattr(torch, device.type, None)
+    count = module.device_count() if module is not None and module.is_available() else 0
+    if count == 0:
+        build = (
+            f"torch {torch.__version__} is a CPU build"
+            if torch.version.cuda is None and torch.version.hip is None
+            else f"no {device.type} device is visible"
+        )
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not available here ({build}); accepted here: {', '.join(available)}"
+        )
+    if device.index is not None and device.index >= count:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: this machine has {count} {device.type} device(s); accepted here: {', '.join(available)}"
+        )
+    return str(device)
+
+
+def _available_devices() -> list[str]:
+    import torch
+
+    out = ["cpu"]
+    for kind in ("cuda", "xpu", "mps"):
+        module = getattr(torch, kind, None)
+        try:
+            count = module.device_count() if module is not None and module.is_available() else 0
+        except Exception:  # a back-end that cannot even count: not available
+            count = 0
+        out += [kind] + [f"{kind}:{i}" for i in range(count)] if count else []
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer between 1 and {MAX_DIM}, got {text!r}") from None
+    if not 1 <= value <= MAX_DIM:
+        raise argparse.ArgumentTypeError(f"expected an integer between 1 and {MAX_DIM}, got {text!r}")
+    return value
+
+
+def _comma_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _positive_int_list(text: str) -> list[int]:
+    items = _comma_list(text)
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        values = []
+    if not values or any(not 1 <= v <= MAX_DIM for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers between 1 and {MAX_DIM} such as 1,16,256, got {text!r}"
+        )
+    return list(dict.fromkeys(values))
+
+
+def check_writable(argument: str, path: str) -> None:
+    """Fail now, not after minutes of measuring, when ``path`` cannot be written."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"argument {argument}: {path} is a directory; expected a file path")
+    existed = p.exists()
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as exc:
+        if not p.parent.exists():
+            raise UsageError(f"argument {argument}: cannot write {path}: directory {p.parent} does not exist") from None
+        raise UsageError(f"argument {argument}: cannot write {path}: {exc.strerror or exc}") from None
+    if not existed:
+        p.unlink()
+
+
+def check_memory(what: str, shape: Sequence[int], dtypes: Sequence[Any], device: str, tensors: int = 4) -> None:
+    """Refuse a shape whose inputs and outputs (``tensors`` of them) cannot fit in the device's free memory."""
+    import math
+
+    numel = math.prod(shape)
+    need = numel * max(d.itemsize for d in dtypes) * tensors
+    free = _free_memory(device)
+    if free is not None and need > free:
+        shape_text = "x".join(map(str, shape))
+        raise UsageError(
+            f"{what}: a [{shape_text}] case needs about {_bytes(need)} on {device}, which has {_bytes(free)} free; "
+            "choose smaller sizes"
+        )
+
+
+def _free_memory(device: str) -> int | None:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        try:
+            return torch.cuda.mem_get_info(dev)[0]
+        except Exception:
+            return None
+    if dev.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def get_op(name: str, argument: str = "op") -> Any:
+    """The op called ``name``; a usage error listing the known ops otherwise."""
+    import vllm_ir
+    from vllm_ir import env
+
+    try:
+        return vllm_ir.ops.__getattr__(name)
+    except AttributeError:
+        known = sorted(op.name for op in vllm_ir.ops)
+        hint = env.did_you_mean(name, known)
+        raise UsageError(f"argument {argument}: unknown op {name!r}; known ops: {', '.join(known)}{hint}") from None
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -141,7 +331,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     vllm_ir.load_providers()
     if args.device is None:
         args.device = vllm_ir.current_platform().device_type
-    op = vllm_ir.ops.__getattr__(args.op)
+    op = get_op(args.op)
+    dtypes = [args.dtype] + ([args.weight_dtype] if args.weight_dtype is not None else [])
+    check_memory("argument --shape", args.shape, dtypes, args.device)
     options = {"weight_dtype": args.weight_dtype} if args.weight_dtype is not None else {}
     inputs = op.generate_inputs(args.shape, args.dtype, args.device, **options)
     exp = op.explain(*inputs, mode=args.mode)
@@ -167,17 +359,56 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------
+# doctor
+
+#: Variables vllm-ir itself reads besides vllm_ir.env.VARIABLES (a close miss of any is a typo).
+_OTHER_VARIABLES = ("VLLM_IR_LOG_LEVEL", "VLLM_IR_BUILD_EXTENSION")
+
+
+def _setting_findings() -> list[Any]:
+    """Every problem with the environment and the config file, read now (what an op call would read)."""
+    from vllm_ir import env
+    from vllm_ir.ir import priority
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the doctor lists them; no need to warn as well
+        priority.settings()
+    findings = env.findings()
+    known = (*env.VARIABLES, *_OTHER_VARIABLES)
+    for name in sorted(os.environ):
+        if name.startswith(("VLLM_IR_", "VLLM_BATCH")) and name not in known:
+            close = env.did_you_mean(name, known)
+            if close:
+                findings.append(
+                    env.Finding(
+                        name,
+                        f"{name} is not a variable vllm-ir reads{close}",
+                        f"rename it ({', '.join(env.VARIABLES)} are read)",
+                    )
+                )
+    return findings
+
+
 def _doctor_report() -> dict[str, Any]:
     import torch
 
     import vllm_ir
+    from vllm_ir import config, env, plugins
 
-    records = vllm_ir.provider_records()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # listed below as problems
+        records = vllm_ir.provider_records()
     try:
         platform = vllm_ir.current_platform()
-        platform_info: dict[str, Any] = {"name": platform.name, "claimed_by": platform.claimed_by, "error": None}
+        platform_info: dict[str, Any] = {
+            "name": platform.name,
+            "claimed_by": platform.claimed_by,
+            "claims": plugins.platform_claims(),
+            "error": None,
+        }
     except Exception as exc:  # the doctor reports, it does not crash
-        platform_info = {"name": None, "claimed_by": None, "error": f"{type(exc).__name__}: {exc}"}
+        platform_info = {"name": None, "claimed_by": None, "claims": {}, "error": f"{type(exc).__name__}: {exc}"}
     triton: dict[str, Any] = {"installed": importlib.util.find_spec("triton") is not None}
     if triton["installed"]:
         from importlib.metadata import version
@@ -187,21 +418,36 @@ def _doctor_report() -> dict[str, Any]:
     from vllm_ir.ir import fast_lookup
 
     eager_lookup = {"compiled": fast_lookup.available(), "detail": fast_lookup.describe()}
-    problems = []
+    problems: list[dict[str, Any]] = []
+    elsewhere: list[dict[str, Any]] = []
     for r in records:
         if r.status in (vllm_ir.ProviderStatus.LOADED, vllm_ir.ProviderStatus.NOT_LOADED):
             continue
-        problems.append({"provider": r.name, "status": r.status.value, "reason": r.reason, "fix": _suggest_fix(r)})
+        if r.status in (vllm_ir.ProviderStatus.UNSUPPORTED, vllm_ir.ProviderStatus.BLOCKED):
+            elsewhere.append({"provider": r.name, "setting": None, "status": r.status.value, "reason": r.reason})
+            continue
+        problems.append(
+            {"provider": r.name, "setting": None, "status": r.status.value, "reason": r.reason, "fix": _suggest_fix(r)}
+        )
     for (op_name, provider), problem in sorted(_probe_predicates().items()):
         problems.append(
             {
                 "provider": provider,
+                "setting": None,
                 "status": "predicate error",
                 "reason": f"op {op_name}: {problem}",
                 "fix": f"a bug in {provider}'s supports_args for {op_name} (it is skipped for such calls); "
                 "report it to the provider",
             }
         )
+    for f in _setting_findings():
+        if f.here_only:
+            elsewhere.append({"provider": None, "setting": f.setting, "status": "not here", "reason": f.message})
+        else:
+            problems.append(
+                {"provider": None, "setting": f.setting, "status": "bad setting", "reason": f.message, "fix": f.fix}
+            )
+    site = config.current()
     return {
         "vllm_ir": vllm_ir.__version__,
         "python": sys.version.split()[0],
@@ -216,8 +462,11 @@ def _doctor_report() -> dict[str, Any]:
         "platform": platform_info,
         "eager_lookup": eager_lookup,
         "triton": triton,
+        "settings": {name: os.environ[name] for name in sorted(env.VARIABLES) if name in os.environ},
+        "config": site.path,
         "providers": {r.name: r.status.value for r in records},
         "problems": problems,
+        "not_for_this_machine": elsewhere,
     }
 
 
@@ -227,8 +476,6 @@ def _probe_predicates() -> dict[tuple[str, str], str]:
     A broken predicate only shows on the calls that reach it, so the doctor makes a few
     typical ones (2-D and 3-D, fp32 and bf16, on CPU) for every op with an input generator.
     """
-    import warnings
-
     import torch
 
     import vllm_ir
@@ -274,8 +521,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         f"torch {t['version']} ({t['build']} build), GPU available: {t['gpu_available']}, threads: {t['threads']}",
     ]
     p = report["platform"]
+    claims = p.get("claims") or {}
     lines.append(
-        f"platform: {p['name']}" + (f" (claimed by {p['claimed_by']})" if p["claimed_by"] else "")
+        f"platform: {p['name']}"
+        + (f" (claimed by {p['claimed_by']})" if p["claimed_by"] else "")
+        + (f"; claims: {', '.join(f'{k} ({v})' for k, v in claims.items())}" if len(claims) > 1 else "")
         if p["error"] is None
         else f"platform: ERROR {p['error']}"
     )
@@ -286,13 +536,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if tr["installed"]
         else "triton: not installed"
     )
+    if report["config"]:
+        lines.append(f"config file: {report['config']}")
+    if report["settings"]:
+        lines.append("settings: " + " ".join(f"{k}={v!r}" for k, v in report["settings"].items()))
     lines.append("providers: " + (", ".join(f"{n} ({s})" for n, s in report["providers"].items()) or "none"))
+
+    def who(entry: dict[str, Any]) -> str:  # a setting's message starts with the setting's name
+        return f"  {entry['provider']}: {entry['status']}: " if entry["provider"] else f"  {entry['status']}: "
+
     if report["problems"]:
         lines.append("problems:")
         for pr in report["problems"]:
-            lines.append(f"  {pr['provider']}: {pr['status']}: {pr['reason']}\n    fix: {pr['fix']}")
+            lines.append(f"{who(pr)}{pr['reason']}\n    fix: {pr['fix']}")
     else:
         lines.append("problems: none")
+    if report["not_for_this_machine"]:
+        lines.append("not for this machine (expected here, nothing to fix):")
+        lines += [f"{who(note)}{note['reason']}" for note in report["not_for_this_machine"]]
     _emit(args, report, "\n".join(lines))
     return 0
 
@@ -306,8 +567,8 @@ def _indent(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-ir", description="Inspect and steer vllm-ir kernel dispatch.")
-    sub = parser.add_subparsers(dest="verb", required=True)
+    parser = _Parser(prog="vllm-ir", description="Inspect and steer vllm-ir kernel dispatch.")
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
     def verb(name: str, help_text: str, parent: Any = sub) -> argparse.ArgumentParser:
         p = parent.add_parser(name, help=help_text, description=help_text)
@@ -315,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     providers = sub.add_parser("providers", help="installed provider plugins")
-    providers_sub = providers.add_subparsers(dest="providers_verb", required=True)
+    providers_sub = providers.add_subparsers(dest="providers_verb", required=True, parser_class=_Parser)
     verb("list", "every discovered provider with its status and reason", providers_sub).set_defaults(
         func=cmd_providers_list
     )
@@ -323,8 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain = verb("explain", "which provider a call would use, and why each other one is skipped")
     explain.add_argument("op", help="op name, e.g. rms_norm")
     explain.add_argument("--shape", type=_parse_shape, default=(16, 4096), help="input shape, e.g. 16x4096")
-    explain.add_argument("--dtype", type=_parse_dtype, default="float32", help="activation dtype")
-    explain.add_argument("--device", default=None, help="torch device (default: the platform's device type)")
+    explain.add_argument(
+        "--dtype", type=_parse_dtype, default="float32", help=f"activation dtype: {', '.join(FLOAT_DTYPES)}"
+    )
+    explain.add_argument(
+        "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
+    )
     explain.add_argument("--weight-dtype", type=_parse_dtype, default=None, help="weight dtype (default: --dtype)")
     explain.add_argument("--mode", choices=("eager", "compile"), default="eager")
     explain.set_defaults(func=cmd_explain)
@@ -334,26 +599,33 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="validate and time every available implementation; say which wins")
     bench.add_argument("ops", nargs="*", help="ops to measure (default: all)")
     bench.add_argument("--providers", type=_comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
-    bench.add_argument("--dtype", default=None, help="activation dtypes, e.g. bfloat16 (default: float32,bfloat16)")
-    bench.add_argument("--tokens", type=_int_list, default=None, help="e.g. 1,16,256,4096")
-    bench.add_argument("--hidden", type=int, default=4096)
-    bench.add_argument("--device", default=None, help="torch device (default: the platform's device type)")
+    bench.add_argument(
+        "--dtype",
+        type=_parse_dtypes,
+        default=None,
+        help=f"activation dtypes, comma-separated: {', '.join(FLOAT_DTYPES)} (default: float32,bfloat16)",
+    )
+    bench.add_argument("--tokens", type=_positive_int_list, default=None, help="e.g. 1,16,256,4096")
+    bench.add_argument("--hidden", type=_positive_int, default=4096)
+    bench.add_argument(
+        "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
+    )
     bench.add_argument("--json", dest="json_file", metavar="FILE", default=None, help="write all figures to FILE")
     bench.add_argument("--plot", metavar="FILE.png", default=None, help="bandwidth vs tokens (needs matplotlib)")
     bench.add_argument("--quick", action="store_true", help="fewer shapes and repeats (under a minute on CPU)")
+    bench.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=None,
+        help="timing rounds per figure (default: 5); a figure spread over 10%% gets up to 2 more sets",
+    )
+    bench.add_argument(
+        "--emit-priority",
+        action="store_true",
+        help="print the VLLM_IR_OP_PRIORITY string (and config-file form) that puts the measured winners first",
+    )
     bench.set_defaults(func=cmd_bench)
     return parser
-
-
-def _comma_list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(t) for t in _comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -362,17 +634,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(args)
 
 
+def _one_line_warnings(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None):
+    print(f"vllm-ir: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    prog = f"vllm-ir {args.verb}" + (f" {args.providers_verb}" if getattr(args, "providers_verb", None) else "")
+    shown, warnings.showwarning = warnings.showwarning, _one_line_warnings
     try:
         return args.func(args)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         from vllm_ir.errors import VllmIrError
+        from vllm_ir.log import get_logger
 
-        if not isinstance(exc, (VllmIrError, ValueError, TypeError)):
-            raise
-        print(f"vllm-ir {args.verb}: error: {exc}", file=sys.stderr)
+        get_logger("cli").debug("%s failed", prog, exc_info=True)
+        what = str(exc) if isinstance(exc, (VllmIrError, ValueError, TypeError)) else f"{type(exc).__name__}: {exc}"
+        print(f"{prog}: error: {what.splitlines()[0] if what else type(exc).__name__}", file=sys.stderr)
         return 1
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

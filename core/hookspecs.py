@@ -39,7 +39,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def vllm_ir_platform() -> Platform | None:
     """Claim the process for an out-of-tree platform by returning its `Platform`, else None.
 
-    Two plugins claiming the process is an error naming both.
+    When two plugins claim it, ``VLLM_IR_PLATFORM`` (or the config file's ``platform``) picks one;
+    without a choice the built-in platform is used, with a warning naming both, and both stay loaded.
     """
 
 

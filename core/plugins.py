@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from vllm_ir import hookspecs
+from vllm_ir import env, hookspecs
+from vllm_ir.env import ConfigError, Finding
 from vllm_ir.errors import VllmIrError
 from vllm_ir.hookspecs import HookResultError
 from vllm_ir.ir import priority as _priority
@@ -36,10 +37,13 @@ from vllm_ir.ir.impl import NATIVE
 from vllm_ir.log import get_logger
 
 ENTRY_POINT_GROUP = "vllm_ir.providers"
-ENV_ALLOW = "VLLM_IR_PROVIDERS"
-ENV_DENY = "VLLM_IR_DISABLE_PROVIDERS"
-ENV_NO_AUTOLOAD = "VLLM_IR_DISABLE_PLUGIN_AUTOLOAD"
-ENV_STRICT = "VLLM_IR_STRICT_PLUGINS"
+ENV_ALLOW = env.ENV_ALLOW
+ENV_DENY = env.ENV_DENY
+ENV_NO_AUTOLOAD = env.ENV_NO_AUTOLOAD
+ENV_STRICT = env.ENV_STRICT
+ENV_PLATFORM = env.ENV_PLATFORM
+#: ``VLLM_IR_PLATFORM=builtin``: ignore every claim and detect the platform from torch.
+BUILTIN = "builtin"
 CORE_DISTRIBUTION = "vllm-ir"
 
 log = get_logger("plugins")
@@ -98,6 +102,8 @@ class _State:
     platform: Any = None
     #: The plugin whose `vllm_ir_platform` claim `platform` is (None: detected from torch).
     claimant: str | None = None
+    #: Every plugin that claimed the platform at the last choice, and the platform it claimed.
+    claims: dict[str, Any] = field(default_factory=dict)
     defaults: dict[str, dict[str, list[tuple[str, str]]]] = field(default_factory=dict)
     #: Bumped whenever the set of live plugins changes (a failure withdraws one).
     generation: int = 0
@@ -210,6 +216,12 @@ def reset_for_tests() -> None:
         for record in _state.records.values():
             _withdraw(record)
         _state.__init__()  # type: ignore[misc]
+        for owner in (_OWNER_SETTINGS, _OWNER_PLATFORM):
+            env.clear(owner)
+        from vllm_ir import config
+
+        config.reset()
+        install()  # a test may have replaced the defaults source
         _invalidate_defaults()
 
 
@@ -242,8 +254,7 @@ def _scan() -> None:
     if _state.scanned:
         return
     _state.scanned = True
-    allow = _env_list(ENV_ALLOW)
-    deny = _env_list(ENV_DENY)
+    allow, deny, allow_source, deny_sources = _allow_and_deny()
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = getattr(ep, "dist", None)
         record = ProviderRecord(
@@ -263,11 +274,27 @@ def _scan() -> None:
         _state.entry_points[ep.name] = ep
         _state.records[ep.name] = record
         if allow is not None and ep.name not in allow:
-            record.status, record.reason = ProviderStatus.BLOCKED, f"not in {ENV_ALLOW}={','.join(sorted(allow))}"
+            listed = ",".join(sorted(allow))
+            reason = f"not in {allow_source}" + (f"={listed}" if allow_source == ENV_ALLOW else f" ({listed})")
+            record.status, record.reason = ProviderStatus.BLOCKED, reason
         elif ep.name in deny:
-            record.status, record.reason = ProviderStatus.BLOCKED, f"listed in {ENV_DENY}"
+            record.status, record.reason = ProviderStatus.BLOCKED, f"listed in {deny_sources[ep.name]}"
         if record.status is ProviderStatus.BLOCKED:
             log.debug("provider %r blocked: %s", ep.name, record.reason)
+    if _env_flag(ENV_NO_AUTOLOAD):
+        return  # the lists only steer automatic loading
+    installed = [n for n in _state.records if "@" not in n]
+    findings = []
+    if allow is not None:
+        findings += env.unknown_names(
+            allow_source, sorted(allow), installed, what="installed providers", consequence="it allows nothing"
+        )
+    for source in dict.fromkeys(deny_sources.values()):
+        names = sorted(n for n, s in deny_sources.items() if s == source)
+        findings += env.unknown_names(
+            source, names, installed, what="installed providers", consequence="there is nothing to disable"
+        )
+    _settings_findings(findings)
 
 
 def _load(name: str, explicit: bool = False) -> None:
@@ -469,24 +496,79 @@ def _checked(plugin: str, check: Callable[..., Any], result: Any, **context: Any
 
 
 def _choose_platform() -> Any:
+    """The claimed platform: the only claim, or the one ``VLLM_IR_PLATFORM`` (or the config file) picks.
+
+    Several claims and no choice: built-in detection is used, a warning and a ``doctor``
+    problem say how to choose, and every claimant stays loaded (its kernels included).
+    """
     from vllm_ir import platforms
 
     _state.claimant = None
-    claims = []
+    claims: dict[str, Any] = {}
     for plugin, result in _call_hook("vllm_ir_platform"):
         ok, claimed = _checked(plugin, hookspecs.check_platform, result)
         if ok and claimed is not None:
-            claims.append((plugin, claimed))
-    if len(claims) > 1:
-        names = " and ".join(sorted(f"{n!r}" for n, _ in claims))
-        for plugin, _ in claims:
-            _fail(plugin, ProviderStatus.FAILED, f"both {names} claim the platform; neither is used")
+            claims[plugin] = claimed
+    _state.claims = claims
+    names = sorted(claims)
+    choice, source = _platform_choice()
+    findings: list[Finding] = []
+    chosen: str | None = None
+    if choice is not None:
+        accepted = ", ".join([BUILTIN, *names])
+        if choice == BUILTIN:
+            env.report(_OWNER_PLATFORM, [], replace=True)
+            return platforms.detect()
+        matches = [n for n in names if choice in (n, claims[n].name)]
+        if matches:
+            chosen = matches[0]
+        else:
+            findings.append(
+                Finding(
+                    source,
+                    f"{source}={choice!r}: no plugin claims the platform under that name "
+                    f"(accepted: {accepted}){env.did_you_mean(choice, [BUILTIN, *names])}; it is ignored",
+                    f"set {ENV_PLATFORM} to one of: {accepted}",
+                )
+            )
+    if chosen is None and len(names) == 1:
+        chosen = names[0]
+    elif chosen is None and len(names) > 1:
+        detected = platforms.detect()
+        listing = " and ".join(repr(n) for n in names)
+        findings.append(
+            Finding(
+                ENV_PLATFORM,
+                f"plugins {listing} all claim the platform; the built-in {detected.name!r} is used and their "
+                f"kernels stay loaded",
+                f'choose one with {ENV_PLATFORM}=<{"|".join([*names, BUILTIN])}> (or platform = "..." in '
+                f"the {env.ENV_CONFIG} file)",
+            )
+        )
+    env.report(_OWNER_PLATFORM, findings, replace=True)
+    if chosen is None:
         return platforms.detect()
-    if claims:
-        plugin, claimed = claims[0]
-        _state.claimant = plugin
-        return _as_claimed(claimed, plugin)
-    return platforms.detect()
+    _state.claimant = chosen
+    return _as_claimed(claims[chosen], chosen)
+
+
+def _platform_choice() -> tuple[str | None, str]:
+    """``VLLM_IR_PLATFORM``, else the config file's ``platform`` (value, where it came from)."""
+    from vllm_ir import config
+
+    value = env.raw(ENV_PLATFORM)
+    if value is not None:
+        return value.strip(), ENV_PLATFORM
+    site = config.current()
+    if site.platform is not None:
+        return site.platform, site.where("platform")
+    return None, ENV_PLATFORM
+
+
+def platform_claims() -> dict[str, str]:
+    """Plugin -> the platform name it claimed, at the last platform choice (``doctor``)."""
+    current_platform()
+    return {plugin: platform.name for plugin, platform in _state.claims.items()}
 
 
 def _merge_defaults(mode: str) -> dict[str, list[tuple[str, str]]]:
@@ -575,18 +657,54 @@ def _describe_defaults(merged: Mapping[str, Sequence[tuple[str, str]]]) -> str:
     )
 
 
+_OWNER_SETTINGS = "plugins"
+_OWNER_PLATFORM = "platform"
+
+
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+    """A boolean variable; a malformed value is ignored (off) with a warning and a doctor problem."""
+    return env.read_bool(name, False, owner=_OWNER_SETTINGS)
 
 
-def _env_list(name: str) -> set[str] | None:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return None if name == ENV_ALLOW else set()
-    return {item.strip() for item in raw.split(",") if item.strip()}
+def _env_names(name: str) -> tuple[str, ...] | None:
+    """A name list (None when unset); a malformed one is ignored with a warning and a doctor problem."""
+    value = env.raw(name)
+    if value is None:
+        return None
+    try:
+        return env.parse_names(name, value)
+    except ConfigError as exc:
+        f = exc.finding
+        _settings_findings([Finding(f.setting, f"{f.message}; {name} is ignored", f.fix)])
+        return None
+
+
+def _allow_and_deny() -> tuple[set[str] | None, set[str], str, dict[str, str]]:
+    """The allow-list (None: all), the deny-list, and where each came from (env or config file)."""
+    from vllm_ir import config
+
+    site = config.current()
+    allow_names = _env_names(ENV_ALLOW)
+    allow_source = ENV_ALLOW
+    if allow_names is None and site.providers is not None:
+        allow_names, allow_source = site.providers, site.where("providers")
+    deny_sources = {n: site.where("disable_providers") for n in site.disable_providers}
+    deny_sources.update({n: ENV_DENY for n in _env_names(ENV_DENY) or ()})
+    return (None if allow_names is None else set(allow_names)), set(deny_sources), allow_source, deny_sources
+
+
+def _settings_findings(findings: Sequence[Finding]) -> None:
+    """Report what the plugin settings got wrong; ``VLLM_IR_STRICT_PLUGINS=1`` raises on a real problem."""
+    if not findings:
+        return
+    problems = [f for f in findings if not f.here_only]
+    if problems and env.read_bool(ENV_STRICT, False, owner=_OWNER_SETTINGS):
+        raise PluginError(f"{problems[0].message} [{ENV_STRICT}=1]")
+    env.report(_OWNER_SETTINGS, findings)
 
 
 def install() -> None:
-    """Wire discovery into the core: lazy loading and the defaults layer."""
+    """Wire discovery into the core: lazy loading, the defaults layer and the known provider names."""
     registry.set_providers_loader(ensure_loaded)
     _priority.set_defaults_source(merged_defaults)
+    _priority.set_known_names(lambda: list(_state.records))

@@ -64,6 +64,8 @@ def isolated_site(root: Path, monkeypatch: Any) -> Iterator[Path]:
         "VLLM_IR_DISABLE_PROVIDERS",
         "VLLM_IR_STRICT_PLUGINS",
         "VLLM_IR_OOT_PLATFORM",
+        "VLLM_IR_PLATFORM",
+        "VLLM_IR_CONFIG",
     ):
         monkeypatch.delenv(var, raising=False)
     importlib.invalidate_caches()

@@ -110,14 +110,30 @@ def test_explain_ops_and_doctor_json(site):
     assert problem["status"] == "failed" and "VLLM_IR_STRICT_PLUGINS=1" in problem["fix"]
 
 
+def _errors(result: subprocess.CompletedProcess) -> list[str]:
+    """stderr without the one-line warnings (the site's broken provider warns)."""
+    return [line for line in result.stderr.splitlines() if not line.startswith("vllm-ir: warning:")]
+
+
 def test_errors_go_to_stderr_with_nonzero_exit(site):
     unknown = run(site, "explain", "no_such_op")
-    assert unknown.returncode == 1
-    assert "unknown op 'no_such_op'; known ops:" in unknown.stderr and unknown.stdout == ""
+    assert unknown.returncode == 2  # a usage error: the argument names no op
+    (error,) = _errors(unknown)
+    assert error.startswith("vllm-ir explain: error: argument op: unknown op 'no_such_op'; known ops:")
+    assert unknown.stdout == ""
     bad_shape = run(site, "explain", "rms_norm", "--shape", "16xabc")
     assert bad_shape.returncode == 2 and "invalid shape '16xabc'" in bad_shape.stderr
+    assert len(_errors(bad_shape)) == 1
+
+
+def test_a_malformed_environment_is_a_one_line_warning_not_a_failure(site):
     bad_env = run(site, "ops", env={"VLLM_IR_OP_PRIORITY": "rms_norm=;x"})
-    assert bad_env.returncode == 1 and "VLLM_IR_OP_PRIORITY" in bad_env.stderr
+    assert bad_env.returncode == 0, bad_env.stderr
+    assert "Traceback" not in bad_env.stderr and _errors(bad_env) == []
+    empty, not_an_entry = [line for line in bad_env.stderr.splitlines() if "VLLM_IR_OP_PRIORITY" in line]
+    assert empty.startswith("vllm-ir: warning: VLLM_IR_OP_PRIORITY: op 'rms_norm' has an empty provider name")
+    assert "the entry 'rms_norm=' is ignored" in empty
+    assert "'x' is not of the form op=provider" in not_an_entry and "the entry 'x' is ignored" in not_an_entry
 
 
 def test_doctor_reports_a_predicate_that_raises(site):
@@ -128,3 +144,30 @@ def test_doctor_reports_a_predicate_that_raises(site):
     assert "op rms_norm: supports_args raised KeyError: 64" in problems[0]["reason"]
     text = run(site, "doctor").stdout
     assert "tp_cli_picky: predicate error: op rms_norm: supports_args raised KeyError: 64" in text
+
+
+UNSUPPORTED_HERE = """
+import vllm_ir
+
+@vllm_ir.ops.rms_norm.register_impl("tp_cli_acme", supported=vllm_ir.Unsupported("no Acme accelerator is visible"))
+def rms_norm(x, weight, epsilon, variance_size=None):
+    return vllm_ir.ops.rms_norm.fn(x, weight, epsilon, variance_size)
+"""
+
+
+def test_doctor_separates_not_for_this_machine_from_problems(site, tmp_path):
+    make_dist(tmp_path, "tp-cli-acme", UNSUPPORTED_HERE)
+    both = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(site), os.environ.get("PYTHONPATH", "")])}
+    result = run(site, "doctor", "--json", env=both)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    problems = {p["provider"] for p in report["problems"]}
+    elsewhere = {n["provider"]: n for n in report["not_for_this_machine"]}
+    assert "tp_cli_broken" in problems and "tp_cli_acme" not in problems
+    assert elsewhere["tp_cli_acme"]["status"] == "unsupported here"
+    assert elsewhere["tp_cli_acme"]["reason"] == "no Acme accelerator is visible"
+    text = run(site, "doctor", env=both).stdout
+    problems_part, _, elsewhere_part = text.partition("not for this machine (expected here, nothing to fix):")
+    problems_part = problems_part.partition("\nproblems:")[2]
+    assert "tp_cli_broken: failed" in problems_part and "tp_cli_acme" not in problems_part
+    assert "tp_cli_acme: unsupported here: no Acme accelerator is visible" in elsewhere_part

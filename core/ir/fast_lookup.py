@@ -5,7 +5,7 @@ predicate (~0.5 us of ~0.9 us). The extension builds the same kind of key from t
 TensorImpl in one C call and looks it up; everything else (misses, tracing, tensor
 subclasses, errors) stays in the Python path it falls back to. It is compiled against the
 installed torch (``pip install --no-build-isolation``) and refuses to load under another.
-``VLLM_IR_FAST_LOOKUP=0`` turns it off.
+``VLLM_IR_FAST_LOOKUP=0`` (or ``false``/``no``/``off``) turns it off.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch  # also loads the libraries the extension links against
 
+from vllm_ir import env
+
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
 
-ENV_VAR = "VLLM_IR_FAST_LOOKUP"
+ENV_VAR = env.ENV_FAST_LOOKUP
 #: What torch.compiler.is_compiling() returns outside TorchScript; the lookup reads it directly.
 COMPILING_FLAG = "_is_compiling_flag"
 #: The key holds one bit per parameter in a 64-bit mask; larger ops use the Python path.
@@ -27,8 +29,10 @@ MAX_PARAMETERS = 64
 
 
 def _load() -> tuple[ModuleType | None, str | None]:
-    if os.environ.get(ENV_VAR, "1") == "0":
-        return None, f"turned off by {ENV_VAR}=0"
+    # One boolean parser for every variable (vllm_ir.env): 0/false/no/off turn it off; a
+    # malformed value leaves it on, with a warning and a `vllm-ir doctor` problem.
+    if not env.read_bool(ENV_VAR, True):
+        return None, f"turned off by {ENV_VAR}={os.environ[ENV_VAR].strip()}"
     if not isinstance(vars(torch.compiler).get(COMPILING_FLAG), bool):
         return None, f"torch {torch.__version__} has no torch.compiler.{COMPILING_FLAG}, which it reads"
     try:

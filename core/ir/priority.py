@@ -1,9 +1,10 @@
 """Which providers an op tries, in what order, and which layer asked for each.
 
-Layers, lowest first: defaults (platform and provider hooks, per mode) < the
-``VLLM_IR_OP_PRIORITY`` environment variable < `set_priority` (process-wide) < the scoped
-`priority` context (per thread/task, nests). Each layer's list is placed in front of the
-layers below it; the first occurrence of a provider wins; ``native`` always closes the list.
+Layers, lowest first: defaults (platform and provider hooks, per mode) < the site config
+file (``VLLM_IR_CONFIG``, per mode, `vllm_ir.config`) < the ``VLLM_IR_OP_PRIORITY``
+environment variable < `set_priority` (process-wide) < the scoped `priority` context (per
+thread/task, nests). Each layer's list is placed in front of the layers below it; the first
+occurrence of a provider wins; ``native`` always closes the list.
 
 Everything here that is built lazily (settings, resolved lists, interned scopes) is built
 under `registry.lock` after provider discovery has finished, so a thread's first call never
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import enum
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from vllm_ir import env
+from vllm_ir.env import ConfigError, Finding
 from vllm_ir.errors import PriorityError, UnknownOpError
 from vllm_ir.ir import registry
 from vllm_ir.ir.impl import NATIVE, IrOpImpl
@@ -29,19 +33,21 @@ if TYPE_CHECKING:
 
 Mode = Literal["eager", "compile"]
 MODES: tuple[Mode, ...] = ("eager", "compile")
-FALLBACK_POLICIES = ("allow", "warn", "error")
-ENV_PRIORITY = "VLLM_IR_OP_PRIORITY"
-ENV_FALLBACK = "VLLM_IR_FALLBACK"
-ENV_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
+FALLBACK_POLICIES = env.FALLBACK_POLICIES
+ENV_PRIORITY = env.ENV_PRIORITY
+ENV_FALLBACK = env.ENV_FALLBACK
+ENV_BATCH_INVARIANT = env.ENV_BATCH_INVARIANT
 
 
 class PriorityLayer(enum.IntEnum):
     """Where a priority entry came from; higher layers are tried first."""
 
     DEFAULT = 0
-    ENV = 1
-    GLOBAL = 2
-    SCOPED = 3
+    #: The site config file (``VLLM_IR_CONFIG``); source ``"config <path>"``.
+    CONFIG = 1
+    ENV = 2
+    GLOBAL = 3
+    SCOPED = 4
 
 
 @dataclass(frozen=True)
@@ -86,11 +92,17 @@ DefaultsSource = Callable[[Mode], Mapping[str, Sequence[tuple[str, str]]]]
 
 @dataclass(frozen=True)
 class Settings:
-    """What the environment says; read lazily once, again on `reload_env`."""
+    """What the environment and the config file say; read lazily once, again on `reload_env`."""
 
     op_priority: Mapping[str, tuple[str, ...]]
     fallback: str
     batch_invariant: bool
+    #: mode -> op -> providers from the config file (``VLLM_IR_CONFIG``), checked like the environment's.
+    config_priority: Mapping[str, Mapping[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
+    #: The config layer's source string, ``"config /path/file.toml"``.
+    config_source: str = "config"
+    #: What was ignored (malformed, unknown) or names something this machine lacks.
+    findings: tuple[Finding, ...] = ()
 
 
 class _Scope:
@@ -112,6 +124,8 @@ scope_var: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vllm_
 _interned_scopes: dict[tuple, _Scope] = {}
 _global: dict[str, tuple[str, ...]] = {}
 _defaults_source: DefaultsSource | None = None
+#: Provider names known besides the registered implementations (the discovered entry points).
+_known_names: Callable[[], Iterable[str]] = tuple
 _settings: Settings | None = None
 _resolved: dict[tuple[str, Mode, _Scope | None], ResolvedPriority] = {}
 registry.on_invalidate(_resolved.clear)
@@ -120,6 +134,7 @@ current_scope = scope_var.get
 
 
 def settings() -> Settings:
+    """The settings in force. Never raises: a malformed value is ignored with a `ConfigWarning`."""
     global _settings
     current = _settings
     if current is not None:
@@ -127,17 +142,42 @@ def settings() -> Settings:
     registry.ensure_providers_loaded()  # the environment names plugin providers
     with registry.lock:
         if _settings is None:
-            _settings = _read_env(os.environ)
+            read = _read_env(os.environ)
+            env.report(_OWNER, list(read.findings), replace=True)
+            _settings = read
         return _settings
 
 
 def reload_env() -> Settings:
-    """Re-read ``VLLM_IR_OP_PRIORITY``, ``VLLM_IR_FALLBACK`` and ``VLLM_BATCH_INVARIANT``."""
+    """Re-read ``VLLM_IR_OP_PRIORITY``, ``VLLM_IR_FALLBACK``, ``VLLM_BATCH_INVARIANT`` and the config file.
+
+    Raises `vllm_ir.ConfigError` (a `PriorityError`) naming every malformed or unknown value;
+    the settings in force are then those without the bad values, as an implicit read gives.
+    """
     global _settings
+    from vllm_ir import config
+
     with registry.lock:
         _settings = None
         registry.invalidate()
-        return settings()
+        config.reload()
+        registry.ensure_providers_loaded()
+        read = _read_env(os.environ)
+        env.report(_OWNER, list(read.findings), replace=True, warn=False)
+        _settings = read
+    problems = [f for f in (*config.current().findings, *read.findings) if not f.here_only]
+    if problems:
+        raise ConfigError(Finding(problems[0].setting, "\n".join(f.message for f in problems), problems[0].fix))
+    return read
+
+
+_OWNER = "priority"
+
+
+def set_known_names(source: Callable[[], Iterable[str]]) -> None:
+    """Install where provider names beyond the registered implementations come from (discovery)."""
+    global _known_names
+    _known_names = source
 
 
 def set_defaults_source(source: DefaultsSource | None) -> None:
@@ -215,6 +255,8 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None) -> ResolvedPriority:
             raw += [PriorityEntry(p, PriorityLayer.SCOPED, "priority() context") for p in providers]
     raw += [PriorityEntry(p, PriorityLayer.GLOBAL, "set_priority") for p in _global.get(op.name, ())]
     raw += [PriorityEntry(p, PriorityLayer.ENV, ENV_PRIORITY) for p in st.op_priority.get(op.name, ())]
+    config_list = st.config_priority.get(mode, {}).get(op.name, ())
+    raw += [PriorityEntry(p, PriorityLayer.CONFIG, st.config_source) for p in config_list]
     if _defaults_source is not None:
         defaults = _defaults_source(mode).get(op.name, ())
         raw += [PriorityEntry(p, PriorityLayer.DEFAULT, src) for p, src in defaults]
@@ -259,8 +301,21 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None) -> ResolvedPriority:
 
 
 def parse_priority_spec(spec: str, *, source: str = ENV_PRIORITY) -> dict[str, tuple[str, ...]]:
-    """Parse ``"rms_norm=vllm_c,native;fused_add_rms_norm=triton"``; names are validated."""
+    """Parse ``"rms_norm=vllm_c,native;fused_add_rms_norm=triton"``; names are validated.
+
+    Raises `vllm_ir.ConfigError` on the first malformed entry or unknown name.
+    """
+    out, findings = _parse_priority(spec, source)
+    errors = [f for f in findings if not f.here_only]
+    if errors:
+        raise ConfigError(errors[0])
+    return out
+
+
+def _parse_priority(spec: str, source: str) -> tuple[dict[str, tuple[str, ...]], list[Finding]]:
+    """Every well-formed entry of ``spec``, and a finding per ignored entry or absent provider."""
     out: dict[str, tuple[str, ...]] = {}
+    findings: list[Finding] = []
     for raw in spec.split(";"):
         item = raw.strip()
         if not item:
@@ -268,30 +323,120 @@ def parse_priority_spec(spec: str, *, source: str = ENV_PRIORITY) -> dict[str, t
         op, sep, rest = item.partition("=")
         op = op.strip()
         providers = [p.strip() for p in rest.split(",")]
-        if not sep or not op:
-            raise PriorityError(f"{source}: {item!r} is not of the form op=provider[,provider...] (in {spec!r})")
-        if not rest.strip() or any(not p for p in providers):
-            raise PriorityError(
-                f"{source}: op {op!r} has an empty provider name in {item!r}; expected op=provider[,provider...]"
-            )
-        if op in out:
-            raise PriorityError(f"{source}: op {op!r} is given twice")
-        out[op] = _validate(op, providers, source)
-    return out
+        try:
+            if not sep or not op:
+                raise _error(source, f"{item!r} is not of the form op=provider[,provider...] (in {spec!r})")
+            if not rest.strip() or any(not p for p in providers):
+                raise _error(
+                    source, f"op {op!r} has an empty provider name in {item!r}; expected op=provider[,provider...]"
+                )
+            if op in out:
+                raise _error(source, f"op {op!r} is given twice")
+            out[op], notes = check_names(op, providers, source)
+            findings += notes
+        except ConfigError as exc:
+            findings.append(_ignored(exc.finding, f"the entry {item!r} is ignored"))
+    return out, findings
 
 
-def _read_env(env: Mapping[str, str]) -> Settings:
-    fallback = env.get(ENV_FALLBACK, "warn").strip().lower() or "warn"
-    if fallback not in FALLBACK_POLICIES:
-        raise PriorityError(f"{ENV_FALLBACK}={env[ENV_FALLBACK]!r}: expected one of {', '.join(FALLBACK_POLICIES)}")
-    bi = env.get(ENV_BATCH_INVARIANT, "0").strip().lower()
-    if bi not in ("", "0", "1", "true", "false"):
-        raise PriorityError(f"{ENV_BATCH_INVARIANT}={env[ENV_BATCH_INVARIANT]!r}: expected 0 or 1")
-    return Settings(
-        op_priority=parse_priority_spec(env.get(ENV_PRIORITY, "")),
-        fallback=fallback,
-        batch_invariant=bi in ("1", "true"),
+def _error(source: str, message: str, fix: str | None = None) -> ConfigError:
+    return ConfigError(
+        Finding(source, f"{source}: {message}", fix or f"write {source} as op=provider[,provider...];op=...")
     )
+
+
+def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tuple[str, ...], list[Finding]]:
+    """Check a priority list from the environment or the config file against what is installed.
+
+    An unknown op, or a provider name that is no provider at all (a typo), raises `ConfigError`
+    listing the known ones. A provider that exists but not here (not installed, or unsupported
+    on this machine) stays in the list, where `resolve` marks it, and yields a note.
+    """
+    try:
+        op = registry.get_op(op_name)
+    except UnknownOpError as exc:
+        hint = env.did_you_mean(op_name, [o.name for o in registry.all_ops()])
+        raise _error(source, f"{exc}{hint}", f"use one of the known op names in {source}") from None
+    notes: list[Finding] = []
+    known = set(env.KNOWN_PROVIDERS) | {p for o in registry.all_ops() for p in o.impls} | set(_known_names())
+    for p in providers:
+        impl = op.impls.get(p)
+        if impl is not None:
+            if not impl.supported:
+                notes.append(
+                    Finding(
+                        source,
+                        f"{source}: provider {p!r} for op {op_name!r} is unsupported here "
+                        f"({impl.unsupported_reason}); calls use the next provider",
+                        f"nothing to do if this setting is shared with machines where {p} runs",
+                        here_only=True,
+                    )
+                )
+        elif p in known:
+            notes.append(
+                Finding(
+                    source,
+                    f"{source}: provider {p!r} has no implementation of {op_name!r} installed here "
+                    f"(known providers of {op_name}: {', '.join(sorted(op.impls))}); calls use the next provider",
+                    f"nothing to do if this setting is shared with machines that have {p}; else install it",
+                    here_only=True,
+                )
+            )
+        else:
+            raise _error(
+                source,
+                f"unknown provider {p!r} for op {op_name!r}; known providers of {op_name}: "
+                f"{', '.join(sorted(op.impls))}{env.did_you_mean(p, sorted(known))}",
+                f"correct the provider name in {source}",
+            )
+    return tuple(providers), notes
+
+
+def _read_env(environ: Mapping[str, str]) -> Settings:
+    """Read every setting leniently: what cannot be read is left out and becomes a finding."""
+    from vllm_ir import config
+
+    site = config.current()
+    findings: list[Finding] = []
+    fallback = site.fallback or "warn"
+    value = env.raw(ENV_FALLBACK, environ)
+    if value is not None:
+        try:
+            fallback = env.parse_choice(ENV_FALLBACK, value, FALLBACK_POLICIES)
+        except ConfigError as exc:
+            findings.append(_ignored(exc.finding, f"{ENV_FALLBACK} is ignored, so the policy is {fallback!r}"))
+    batch_invariant = bool(site.batch_invariant)
+    value = env.raw(ENV_BATCH_INVARIANT, environ)
+    if value is not None:
+        try:
+            batch_invariant = env.parse_bool(ENV_BATCH_INVARIANT, value)
+        except ConfigError as exc:
+            state = "on" if batch_invariant else "off"
+            findings.append(_ignored(exc.finding, f"{ENV_BATCH_INVARIANT} is ignored, so batch invariance is {state}"))
+    op_priority, notes = _parse_priority(environ.get(ENV_PRIORITY, ""), ENV_PRIORITY)
+    findings += notes
+    config_priority: dict[str, dict[str, tuple[str, ...]]] = {}
+    for mode, lists in site.priority.items():
+        config_priority[mode] = {}
+        for op_name, providers in lists.items():
+            where = site.priority_where.get(mode, {}).get(op_name) or site.where(f"priority.{op_name}")
+            try:
+                config_priority[mode][op_name], notes = check_names(op_name, providers, where)
+            except ConfigError as exc:
+                notes = [_ignored(exc.finding, "the key is ignored")]
+            findings += [n for n in notes if n not in findings]
+    return Settings(
+        op_priority=op_priority,
+        fallback=fallback,
+        batch_invariant=batch_invariant,
+        config_priority=config_priority,
+        config_source=site.source,
+        findings=tuple(findings),
+    )
+
+
+def _ignored(finding: Finding, consequence: str) -> Finding:
+    return Finding(finding.setting, f"{finding.message}; {consequence}", finding.fix, finding.here_only)
 
 
 def _validate(op_name: str, providers: Sequence[str] | None, source: str) -> tuple[str, ...]:

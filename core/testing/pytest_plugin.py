@@ -1,16 +1,39 @@
 """pytest plugin (entry point ``pytest11: vllm_ir``): ``--vllm-ir-conformance --vllm-ir-provider NAME``.
 
 Cheap when unused: nothing from vllm_ir or torch is imported unless the option is given.
+
+A conformance run verifies something only if it ran a case: when a selected provider ran
+none (every case skipped, e.g. its device is missing here), the run fails with the skip
+reasons unless ``--vllm-ir-allow-skip`` is given. A provider name nobody registers is a
+usage error listing the known ones. ``--vllm-ir-report FILE.json`` writes per provider and
+op: cases run, passed, failed, skipped (with reasons), the worst error (failed cases
+included), declines with their reasons, and the versions of torch, vllm-ir and the provider.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 _SUITE = Path(__file__).with_name("conformance_suite.py")
 _active: list[pytest.Config] = []
+#: The kit's test functions are ``test_conformance_<provider>_<check>``.
+CHECKS = (
+    "eager_vs_compiled",
+    "numerics_property",
+    "numerics",
+    "predicate_hygiene",
+    "cache_agreement",
+    "odd_inputs",
+    "overload_semantics",
+    "opcheck",
+)
+_TOLERANCE = re.compile(r"case (\S+): max abs error (\S+) is (\S+)x the tolerance")
 
 
 def active_config() -> pytest.Config:
@@ -37,37 +60,299 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="skip the eager-vs-compiled check (e.g. Triton kernels on the CPU interpreter)",
     )
+    group.addoption(
+        "--vllm-ir-allow-skip",
+        action="store_true",
+        help="succeed even when a selected provider ran no case (e.g. its device is missing here)",
+    )
+    group.addoption(
+        "--vllm-ir-report",
+        metavar="FILE.json",
+        default=None,
+        help="write per-op results (cases run, worst error, declines, versions) to FILE.json",
+    )
+
+
+@dataclass
+class _Tally:
+    """What happened to one provider's tests in this run."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+    #: op -> counts and failures
+    ops: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def op(self, name: str) -> dict[str, Any]:
+        return self.ops.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0, "failures": []})
+
+    @property
+    def ran(self) -> int:
+        return self.passed + self.failed
+
+
+class _Run:
+    """The conformance run's bookkeeping: test -> (provider, check, op, case), and the tallies."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.tests: dict[str, tuple[str, str, str | None, str | None]] = {}
+        self.tallies: dict[str, _Tally] = {}
+        #: (op, provider) -> (case, max abs error, ratio) of failed numerics cases
+        self.failed_numerics: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
+        self.providers: list[str] = []
+
+    def selected(self) -> list[str]:
+        return list(dict.fromkeys(self.providers or [p for p, *_ in self.tests.values()]))
+
+
+_RUN = pytest.StashKey[_Run]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("--vllm-ir-conformance"):
-        _active.append(config)
-        # Without explicit paths pytest would collect the current folder: run the kit alone.
-        if config.args == [str(config.invocation_params.dir)]:
-            config.args[:] = [str(_SUITE)]
-        elif str(_SUITE) not in config.args:
-            config.args.append(str(_SUITE))
+    if not config.getoption("--vllm-ir-conformance"):
+        return
+    _active.append(config)
+    run = config.stash[_RUN] = _Run(config)
+    report = config.getoption("--vllm-ir-report")
+    if report:
+        _check_writable(report)
+    named = config.getoption("--vllm-ir-provider")
+    if named:
+        _check_names(named)
+        run.providers = list(dict.fromkeys(named))
+    # Without explicit paths pytest would collect the current folder: run the kit alone.
+    if config.args == [str(config.invocation_params.dir)]:
+        config.args[:] = [str(_SUITE)]
+    elif str(_SUITE) not in config.args:
+        config.args.append(str(_SUITE))
+
+
+def _check_writable(path: str) -> None:
+    p = Path(path)
+    existed = p.exists()
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as exc:
+        raise pytest.UsageError(f"--vllm-ir-report: cannot write {path}: {exc.strerror or exc}") from None
+    if not existed:
+        p.unlink()
+
+
+def _check_names(named: list[str]) -> None:
+    """A provider nobody registers or installs is a usage error listing the known ones."""
+    import vllm_ir
+    from vllm_ir import env
+
+    records = {r.name for r in vllm_ir.provider_records()}
+    implemented = {p for op in vllm_ir.ops for p in op.impls}
+    known = sorted((records | implemented) - {"native"})
+    for name in named:
+        if name not in records and name not in implemented:
+            raise pytest.UsageError(
+                f"--vllm-ir-provider {name!r}: unknown provider; known providers: {', '.join(known) or '(none)'}"
+                f"{env.did_you_mean(name, known)}"
+            )
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    run = config.stash.get(_RUN, None)
+    if run is None:
+        return
+    for item in items:
+        if Path(str(getattr(item, "fspath", ""))) != _SUITE:
+            continue
+        name = getattr(item, "originalname", item.name)
+        check = next((c for c in CHECKS if name.endswith(f"_{c}")), None)
+        if check is None or not name.startswith("test_conformance_"):
+            continue
+        provider = name[len("test_conformance_") : -len(check) - 1]
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        case = params.get("case")
+        label = getattr(case, "id", None) or params.get("label")
+        run.tests[item.nodeid] = (provider, check, params.get("op_name"), label)
+        run.tallies.setdefault(provider, _Tally())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not _active:
+        return
+    run = _active[-1].stash.get(_RUN, None)
+    meta = run.tests.get(report.nodeid) if run is not None else None
+    if meta is None:
+        return
+    provider, check, op_name, label = meta
+    tally = run.tallies[provider]
+    per_op = tally.op(op_name or "(all)")
+    if report.skipped and report.when in ("setup", "call"):
+        reason = _skip_reason(report)
+        tally.skipped += 1
+        per_op["skipped"] += 1
+        tally.skip_reasons[reason] = tally.skip_reasons.get(reason, 0) + 1
+    elif report.failed:
+        tally.failed += 1
+        per_op["failed"] += 1
+        message = _failure_message(report)
+        per_op["failures"].append({"check": check, "case": label, "message": message})
+        found = _TOLERANCE.search(message)
+        if found and op_name:
+            case, abs_err, ratio = found.groups()
+            run.failed_numerics.setdefault((op_name, provider), []).append(
+                (case.rstrip(":,"), _float(abs_err), _float(ratio))
+            )
+    elif report.passed and report.when == "call":
+        tally.passed += 1
+        per_op["passed"] += 1
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text.rstrip(",:;"))
+    except ValueError:
+        return float("nan")
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _failure_message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    return text.strip().splitlines()[0] if text.strip() else "failed"
+
+
+def _ran_nothing(run: _Run) -> list[str]:
+    return [p for p in run.selected() if run.tallies.get(p, _Tally()).ran == 0]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    run = session.config.stash.get(_RUN, None)
+    if run is None:
+        return
+    path = session.config.getoption("--vllm-ir-report")
+    if path:
+        with open(path, "w") as f:
+            json.dump(_report(run), f, indent=2)
+    if _ran_nothing(run) and not session.config.getoption("--vllm-ir-allow-skip") and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _worst(run: _Run) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (op, provider): the worst numerics case, failed cases included."""
+    from vllm_ir.testing.checks import OUTCOMES
+
+    worst: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def offer(key: tuple[str, str], case: str, abs_err: float, ratio: float, failed: bool) -> None:
+        current = worst.get(key)
+        if current is None or ratio > current["tolerance_ratio"] or (failed and not current["failed"]):
+            worst[key] = {"case": case, "max_abs_error": abs_err, "tolerance_ratio": ratio, "failed": failed}
+
+    for o in OUTCOMES:
+        if o.status == "ok" and o.reason is None:
+            offer((o.op, o.provider), o.case, o.max_abs_error, o.worst_ratio, False)
+    for key, cases in run.failed_numerics.items():
+        for case, abs_err, ratio in cases:
+            offer(key, case, abs_err, ratio, True)
+    return worst
+
+
+def _declines() -> dict[tuple[str, str], dict[str, int]]:
+    from vllm_ir.testing.checks import OUTCOMES
+
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for o in OUTCOMES:
+        if o.status == "declined":
+            reasons = out.setdefault((o.op, o.provider), {})
+            reasons[o.reason or ""] = reasons.get(o.reason or "", 0) + 1
+    return out
+
+
+def _report(run: _Run) -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    import vllm_ir
+
+    records = {r.name: r for r in vllm_ir.provider_records()}
+    worst, declines = _worst(run), _declines()
+    allow_skip = bool(run.config.getoption("--vllm-ir-allow-skip"))
+    providers: dict[str, Any] = {}
+    for provider in run.selected():
+        tally = run.tallies.get(provider, _Tally())
+        record = records.get(provider)
+        ops = {}
+        for op_name, counts in sorted(tally.ops.items()):
+            ops[op_name] = {
+                "cases_run": counts["passed"] + counts["failed"],
+                "passed": counts["passed"],
+                "failed": counts["failed"],
+                "skipped": counts["skipped"],
+                "worst": worst.get((op_name, provider)),
+                "declines": declines.get((op_name, provider), {}),
+                "failures": counts["failures"],
+            }
+        providers[provider] = {
+            "distribution": record.distribution if record else None,
+            "version": record.version if record else None,
+            "status": record.status.value if record else None,
+            "reason": record.reason if record else None,
+            "cases_run": tally.ran,
+            "passed": tally.passed,
+            "failed": tally.failed,
+            "skipped": tally.skipped,
+            "skip_reasons": tally.skip_reasons,
+            "ran_nothing": tally.ran == 0,
+            "ops": ops,
+        }
+    return {
+        "versions": {
+            "torch": torch.__version__,
+            "vllm_ir": vllm_ir.__version__,
+            "python": platform.python_version(),
+        },
+        "allow_skip": allow_skip,
+        "providers": providers,
+    }
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    if not config.getoption("--vllm-ir-conformance"):
+    run = config.stash.get(_RUN, None)
+    if run is None:
         return
-    from vllm_ir.testing.checks import OUTCOMES
-
-    worst: dict[tuple[str, str], object] = {}
-    declined: dict[tuple[str, str, str], int] = {}
-    for o in OUTCOMES:
-        key = (o.op, o.provider)
-        if o.status == "ok" and (key not in worst or o.worst_ratio > worst[key].worst_ratio):
-            worst[key] = o
-        elif o.status == "declined":
-            declined[(o.op, o.provider, o.reason or "")] = declined.get((o.op, o.provider, o.reason or ""), 0) + 1
     tr = terminalreporter
     tr.section("vllm-ir conformance")
-    for (op, provider), o in sorted(worst.items()):
+    for (op, provider), w in sorted(_worst(run).items()):
+        status = "FAILED " if w["failed"] else ""
         tr.write_line(
-            f"{provider:>12} {op:<22} worst case {o.case}: max abs error {o.max_abs_error:.3g} "
-            f"({o.worst_ratio:.2f}x tolerance)"
+            f"{provider:>12} {op:<22} worst case {status}{w['case']}: max abs error {w['max_abs_error']:.3g} "
+            f"({w['tolerance_ratio']:.2f}x tolerance)"
         )
-    for (op, provider, reason), n in sorted(declined.items()):
-        tr.write_line(f"{provider:>12} {op:<22} declined {n} case(s): {reason}")
+    for (op, provider), reasons in sorted(_declines().items()):
+        for reason, n in sorted(reasons.items()):
+            tr.write_line(f"{provider:>12} {op:<22} declined {n} case(s): {reason}")
+    for provider in run.selected():
+        tally = run.tallies.get(provider, _Tally())
+        tr.write_line(
+            f"{provider:>12} ran {tally.ran} case(s): {tally.passed} passed, {tally.failed} failed, "
+            f"{tally.skipped} skipped"
+        )
+    nothing = _ran_nothing(run)
+    allow = config.getoption("--vllm-ir-allow-skip")
+    for provider in nothing:
+        reasons = run.tallies.get(provider, _Tally()).skip_reasons
+        why = "; ".join(f"{r} ({n}x)" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])) or "no test"
+        verdict = "allowed by --vllm-ir-allow-skip" if allow else "this run verified nothing: FAILED"
+        tr.write_line(f"provider {provider!r} ran no case ({verdict}); skipped because: {why}", red=not allow)
+    if nothing and not allow:
+        tr.write_line("pass --vllm-ir-allow-skip to accept a run that verifies nothing (e.g. in CI without the device)")
+    path = config.getoption("--vllm-ir-report")
+    if path:
+        tr.write_line(f"report written to {path}")

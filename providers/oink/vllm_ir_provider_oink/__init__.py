@@ -1,0 +1,165 @@
+"""Provider ``oink``: KernelAgent-Oink's CuTeDSL RMSNorm kernels on NVIDIA Blackwell (SM100+) GPUs.
+
+Oink (``kernelagent-oink``, from meta-pytorch/KernelAgent) registers two external custom ops
+when ``kernelagent_oink.blackwell.oink_custom_ops`` is imported:
+
+- ``torch.ops.oink.rmsnorm(x, weight, eps) -> Tensor``: ``x`` a 2-D ``[rows, hidden]`` view
+  with a unit inner stride (a padded row stride is kept), ``weight`` 1-D;
+- ``torch.ops.oink.fused_add_rms_norm(x, residual, weight, eps) -> None``: in place,
+  ``residual <- x + residual`` and ``x <- RMSNorm(residual) * weight``.
+
+Both are opaque custom ops with fakes, so a compiled graph keeps each call as one node.
+Loading this module imports neither Oink nor CUDA: availability at load comes from torch's
+build, a visible GPU and whether the packages can be found; the compute capability is asked
+per device by the predicate (initializing CUDA at discovery would break forked workers), and
+the vendor module is imported on the first real call.
+
+No default priority: the kernels are tuned for SM100 and have not been measured by this
+project; put ``oink`` first yourself (``VLLM_IR_OP_PRIORITY=rms_norm=oink``, or the config
+file) on a Blackwell machine after ``vllm-ir bench`` shows it wins there.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+
+__version__ = "0.1.0"
+PROVIDER = "oink"
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: Oink's kernels target Blackwell: compute capability 10.0 and newer.
+MIN_SM = 100
+#: Oink loads rows in 256-bit vectors: a row stride must be a multiple of 32 bytes.
+VECTOR_BYTES = 32
+
+
+def availability() -> bool | vllm_ir.Unsupported:
+    """Supported with a CUDA build of torch, a visible GPU, and Oink and CuTeDSL importable."""
+    if torch.version.cuda is None:
+        build = "a ROCm" if torch.version.hip is not None else "a CPU"
+        return vllm_ir.Unsupported(f"torch is {build} build; Oink needs CUDA on an SM100+ (Blackwell) GPU")
+    if not torch.cuda.is_available():
+        return vllm_ir.Unsupported("no CUDA GPU is visible")
+    if importlib.util.find_spec("kernelagent_oink") is None:
+        return vllm_ir.Unsupported("kernelagent-oink not installed")
+    if importlib.util.find_spec("cutlass") is None:
+        return vllm_ir.Unsupported("nvidia-cutlass-dsl (CuTeDSL) not installed; Oink's kernels need it")
+    return True
+
+
+@functools.cache
+def compute_capability(index: int) -> int:
+    """``10 * major + minor`` of CUDA device ``index`` (asked once per device)."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor
+
+
+def _on_blackwell(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.device.type != "cuda":
+        return vllm_ir.Unsupported(f"tensors are on {x.device.type}; Oink runs on CUDA GPUs")
+    sm = compute_capability(x.device.index or 0)
+    if sm < MIN_SM:
+        return vllm_ir.Unsupported(f"{x.device} is SM{sm}; Oink's kernels need SM{MIN_SM}+ (Blackwell)")
+    return True
+
+
+def row_stride(x: Tensor) -> int | None:
+    """The row stride of ``x`` viewed as ``[rows, hidden]`` without a copy, or None if it cannot be."""
+    if x.dim() < 2:
+        return None
+    for d in range(x.dim() - 2):  # every leading dimension must step over whole rows of the next
+        if x.size(d + 1) != 1 and x.stride(d) != x.stride(d + 1) * x.size(d + 1):
+            return None
+    return x.stride(-2)
+
+
+def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
+    """The argument rules, independent of the device (unit-tested on CPU tensors)."""
+    if variance_size is not None:
+        return vllm_ir.Unsupported("variance_size is not supported by Oink")
+    if x.dtype not in DTYPES:
+        return vllm_ir.Unsupported(f"Oink RMSNorm takes float16/bfloat16/float32, not {x.dtype}")
+    if weight is not None:
+        if weight.dtype != x.dtype:
+            return vllm_ir.Unsupported(f"weight dtype {weight.dtype} must match x dtype {x.dtype}")
+        if weight.dim() != 1 or weight.shape[0] != x.shape[-1] or not weight.is_contiguous():
+            return vllm_ir.Unsupported("weight must be a contiguous 1-D [hidden] tensor")
+    if x.dim() < 2:
+        return vllm_ir.Unsupported(f"Oink takes [rows, hidden]; a {x.dim()}-D input has no rows")
+    stride = row_stride(x)
+    if stride is None:
+        return vllm_ir.Unsupported("input cannot be viewed as [rows, hidden] without a copy (e.g. a per-head view)")
+    if x.stride(-1) != 1:
+        return vllm_ir.Unsupported("the hidden dimension must be contiguous (stride 1)")
+    multiple = VECTOR_BYTES // x.element_size()
+    if stride % multiple:
+        return vllm_ir.Unsupported(
+            f"row stride {stride} is not a multiple of {multiple} elements (Oink loads rows in 256-bit vectors)"
+        )
+    return True
+
+
+def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+    return _on_blackwell(x) and rules(x, weight, variance_size)
+
+
+def fused_add_rms_norm_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+):
+    # In place on both: contiguous buffers of one shape and dtype (a clone for the functional
+    # overload is then contiguous too, and just as aligned).
+    if x_residual.shape != x.shape or x_residual.dtype != x.dtype:
+        return vllm_ir.Unsupported("residual must have x's shape and dtype")
+    if not x.is_contiguous() or not x_residual.is_contiguous():
+        return vllm_ir.Unsupported("x and residual must be contiguous (Oink adds and normalizes in place)")
+    return _on_blackwell(x) and rules(x, weight, variance_size)
+
+
+@functools.cache
+def _vendor_ops():
+    """``torch.ops.oink`` after importing the module that registers it (first real call only)."""
+    if torch.cuda.is_available() and "CUTE_DSL_ARCH" not in os.environ:
+        major, minor = torch.cuda.get_device_capability()
+        os.environ["CUTE_DSL_ARCH"] = f"sm_{major}{minor}{'a' if major >= 9 else ''}"  # as Oink's own plugin does
+    import kernelagent_oink.blackwell.oink_custom_ops  # noqa: F401  (registers torch.ops.oink.*)
+
+    return torch.ops.oink
+
+
+@functools.cache
+def _ones(hidden: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Oink always multiplies by a weight: a cached ones vector stands for ``weight=None``."""
+    return torch.ones(hidden, dtype=dtype, device=device)
+
+
+def _weight(x: Tensor, weight: Tensor | None) -> Tensor:
+    return weight if weight is not None else _ones(x.shape[-1], x.dtype, x.device)
+
+
+SUPPORTED = availability()
+
+
+@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=rms_norm_supports)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    rows = x.view(-1, x.shape[-1])  # a view: the predicate admits only inputs that flatten without a copy
+    return _vendor_ops().rmsnorm(rows, _weight(x, weight), epsilon).view(x.shape)
+
+
+@vllm_ir.ops.fused_add_rms_norm.register_impl(
+    PROVIDER, supported=SUPPORTED, supports_args=fused_add_rms_norm_supports, inplace=True
+)
+def fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
+) -> tuple[Tensor, Tensor]:
+    if x.numel():
+        hidden = x.shape[-1]
+        _vendor_ops().fused_add_rms_norm(x.view(-1, hidden), x_residual.view(-1, hidden), _weight(x, weight), epsilon)
+    return x, x_residual

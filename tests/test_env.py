@@ -1,0 +1,269 @@
+"""Environment variables are read by one parser; what it cannot read is said, never silently misread.
+
+Real test-built distributions (tests/plugin_dists.py) and real subprocess runs of the CLI.
+Contract: an explicit request (`vllm_ir.reload_env`, ``vllm-ir doctor``) raises or lists a
+malformed value; an implicit read (discovery, an op call) ignores just that value with one
+`vllm_ir.ConfigWarning`, so an op call never fails because of the environment.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import vllm_ir
+from tests.plugin_dists import GOOD_IMPL, isolated_site, make_dist
+from tests.test_cli import run
+from vllm_ir import ConfigError, ConfigWarning, ProviderStatus, env
+
+PLUGIN_VARS = ("VLLM_IR_PLATFORM", "VLLM_IR_CONFIG", "VLLM_IR_FAST_LOOKUP")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    for var in PLUGIN_VARS:
+        monkeypatch.delenv(var, raising=False)
+    env.forget_warnings()
+    yield from isolated_site(tmp_path, monkeypatch)
+    env.forget_warnings()
+
+
+def _records():
+    return {r.name: r for r in vllm_ir.provider_records()}
+
+
+def _config_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, ConfigWarning)]
+
+
+# ---------------------------------------------------------------------------------------
+# The parser
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("1", True), ("true", True), ("YES", True), (" on ", True), ("0", False), ("off", False), ("No", False)],
+)
+def test_booleans_accept_the_usual_spellings(value, expected):
+    assert env.parse_bool("VLLM_IR_STRICT_PLUGINS", value) is expected
+
+
+def test_a_malformed_boolean_names_the_variable_and_the_accepted_values():
+    with pytest.raises(ConfigError) as info:
+        env.parse_bool("VLLM_IR_STRICT_PLUGINS", "maybe")
+    assert str(info.value) == (
+        "VLLM_IR_STRICT_PLUGINS='maybe' is not a boolean; accepted values: 1, true, yes, on "
+        "(or 0, false, no, off; any case)"
+    )
+    assert info.value.setting == "VLLM_IR_STRICT_PLUGINS" and info.value.fix
+
+
+def test_a_list_separated_by_semicolons_is_an_error_that_shows_the_right_form():
+    assert env.parse_names("VLLM_IR_PROVIDERS", " aten , vllm_c,") == ("aten", "vllm_c")
+    with pytest.raises(ConfigError, match=r"VLLM_IR_PROVIDERS='aten; vllm_c': 'aten; vllm_c' is not a provider name"):
+        env.parse_names("VLLM_IR_PROVIDERS", "aten; vllm_c")
+    try:
+        env.parse_names("VLLM_IR_PROVIDERS", "aten; vllm_c")
+    except ConfigError as exc:
+        assert exc.fix == "write VLLM_IR_PROVIDERS=aten,vllm_c"
+
+
+# ---------------------------------------------------------------------------------------
+# Plugin variables (read at discovery, which never raises)
+
+
+def test_allow_list_with_semicolons_is_ignored_with_a_warning_not_blocking_everything(site, monkeypatch):
+    make_dist(site, "tp-env-a", GOOD_IMPL.format(provider="tp_env_a"))
+    make_dist(site, "tp-env-b", GOOD_IMPL.format(provider="tp_env_b"))
+    monkeypatch.setenv("VLLM_IR_PROVIDERS", "tp_env_a; tp_env_b")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = _records()
+    assert records["tp_env_a"].status is ProviderStatus.LOADED
+    assert records["tp_env_b"].status is ProviderStatus.LOADED
+    (message,) = [m for m in _config_warnings(caught) if "VLLM_IR_PROVIDERS" in m]
+    assert "'tp_env_a; tp_env_b' is not a provider name" in message
+    assert "VLLM_IR_PROVIDERS is ignored" in message and "fix: write VLLM_IR_PROVIDERS=tp_env_a,tp_env_b" in message
+
+
+@pytest.mark.parametrize(
+    ("var", "consequence"),
+    [("VLLM_IR_PROVIDERS", "it allows nothing"), ("VLLM_IR_DISABLE_PROVIDERS", "there is nothing to disable")],
+)
+def test_unknown_names_in_allow_and_deny_lists_are_reported(site, monkeypatch, var, consequence):
+    make_dist(site, "tp-env-a", GOOD_IMPL.format(provider="tp_env_a"))
+    monkeypatch.setenv(var, "tp_env_a,tp_env_aa")
+    with pytest.warns(ConfigWarning) as caught:
+        _records()
+    (message,) = [m for m in _config_warnings(caught) if var in m]
+    assert f"{var} names 'tp_env_aa', which is no known provider (installed providers: " in message
+    assert "tp_env_a" in message and consequence in message
+
+
+def test_strict_plugins_on_means_on(site, monkeypatch):
+    make_dist(site, "tp-env-broken", "import tp_env_missing_library\n")
+    monkeypatch.setenv("VLLM_IR_STRICT_PLUGINS", "on")
+    with pytest.raises(vllm_ir.PluginError, match="tp_env_missing_library"):
+        vllm_ir.load_providers()
+
+
+def test_strict_plugins_malformed_is_reported_and_off(site, monkeypatch):
+    make_dist(site, "tp-env-broken", "import tp_env_missing_library\n")
+    monkeypatch.setenv("VLLM_IR_STRICT_PLUGINS", "sometimes")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _records()["tp_env_broken"].status is ProviderStatus.FAILED
+    assert any("VLLM_IR_STRICT_PLUGINS='sometimes' is not a boolean" in m for m in _config_warnings(caught))
+    assert any("VLLM_IR_STRICT_PLUGINS='sometimes'" in f.message for f in env.findings())
+
+
+@pytest.mark.parametrize(("value", "compiled"), [("false", False), ("off", False), ("1", True), ("maybe", True)])
+def test_fast_lookup_reads_booleans(value, compiled):
+    code = "from vllm_ir.ir import fast_lookup; print(fast_lookup.available(), fast_lookup.describe())"
+    result = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code],
+        capture_output=True,
+        text=True,
+        env={**_clean_environ(), "VLLM_IR_FAST_LOOKUP": value},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    from vllm_ir.ir import fast_lookup
+
+    if compiled and not fast_lookup.available():
+        pytest.skip(f"the extension is not built here: {fast_lookup.unavailable_reason}")
+    assert result.stdout.startswith(str(compiled)), result.stdout
+    if not compiled:
+        assert f"turned off by VLLM_IR_FAST_LOOKUP={value}" in result.stdout
+    assert ("VLLM_IR_FAST_LOOKUP='maybe' is not a boolean" in result.stderr) == (value == "maybe")
+
+
+def _clean_environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_IR_", "VLLM_BATCH"))}
+
+
+# ---------------------------------------------------------------------------------------
+# Priority and policy variables: explicit reads raise, op calls never do
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("VLLM_IR_FALLBACK", "loud", "VLLM_IR_FALLBACK='loud' is not accepted; accepted values: allow, warn, error"),
+        ("VLLM_BATCH_INVARIANT", "maybe", "VLLM_BATCH_INVARIANT='maybe' is not a boolean; accepted values: 1, true"),
+        ("VLLM_IR_OP_PRIORITY", "rms_norm=native;;x", "VLLM_IR_OP_PRIORITY: 'x' is not of the form op=provider"),
+    ],
+)
+def test_malformed_values_raise_on_reload_but_op_calls_keep_working(monkeypatch, var, value, message):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError, match=message):
+        vllm_ir.reload_env()
+    x, w = torch.randn(3, 8), torch.ones(8)
+    torch.testing.assert_close(vllm_ir.ops.rms_norm(x, w, 1e-6), vllm_ir.ops.rms_norm.fn(x, w, 1e-6))
+    assert vllm_ir.ops.rms_norm.explain(x, w, 1e-6).chosen == "native"
+
+
+def test_a_bad_priority_entry_is_dropped_and_the_good_ones_kept(monkeypatch):
+    from tests.ops_for_tests import rms_norm_impl
+
+    rms_norm_impl("p_env_good", supports_args=lambda x, weight, epsilon, variance_size=None: True)
+    monkeypatch.setenv("VLLM_IR_OP_PRIORITY", "rms_norm=p_env_good;fused_add_rms_norm=p_env_typo")
+    with pytest.raises(ConfigError, match="unknown provider 'p_env_typo' for op 'fused_add_rms_norm'"):
+        vllm_ir.reload_env()
+    assert vllm_ir.ops.rms_norm.get_priority()[0].provider == "p_env_good"
+    assert [e.provider for e in vllm_ir.ops.fused_add_rms_norm.get_priority()] == ["native"]
+
+
+def test_batch_invariant_yes_is_on(monkeypatch):
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "yes")
+    assert vllm_ir.reload_env().batch_invariant is True
+
+
+IMPLICIT = """
+import warnings, torch, vllm_ir
+warnings.simplefilter("always")
+x, w = torch.randn(3, 8), torch.ones(8)
+for _ in range(3):
+    vllm_ir.ops.rms_norm(x, w, 1e-6)
+print("chosen", vllm_ir.ops.rms_norm.dispatch(x, w, 1e-6).provider)
+"""
+
+
+def test_op_calls_with_a_malformed_environment_warn_once_and_run():
+    result = subprocess.run(
+        [sys.executable, "-c", IMPLICIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **_clean_environ(),
+            "VLLM_IR_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "VLLM_IR_FALLBACK": "errror",
+            "VLLM_IR_OP_PRIORITY": "rms_norm=natve",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert "chosen native" in result.stdout
+    warned = [line for line in result.stderr.splitlines() if "ConfigWarning" in line]
+    assert len(warned) == 2, result.stderr  # once each, not once per call
+    assert any("VLLM_IR_FALLBACK='errror'" in line and "did you mean 'error'?" in line for line in warned)
+    assert any("unknown provider 'natve'" in line and "did you mean 'native'?" in line for line in warned)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm_ir_provider_triton") is None, reason="providers/triton_kernels is not installed"
+)
+def test_a_provider_absent_here_is_a_warning_once_and_a_note_in_doctor():
+    """``rms_norm=triton`` on a CPU machine: kept (shown as unsupported), said once, not a problem."""
+    environ = {k: v for k, v in _clean_environ().items() if k != "TRITON_INTERPRET"}  # Triton unsupported here
+    environ["VLLM_IR_OP_PRIORITY"] = "rms_norm=triton"
+    result = subprocess.run([sys.executable, "-c", IMPLICIT], capture_output=True, text=True, timeout=300, env=environ)
+    assert result.returncode == 0, result.stderr
+    (warned,) = [line for line in result.stderr.splitlines() if "ConfigWarning" in line]
+    assert "VLLM_IR_OP_PRIORITY: provider 'triton' for op 'rms_norm' is unsupported here" in warned
+    doctor = subprocess.run(
+        [sys.executable, "-m", "vllm_ir", "doctor", "--json"], capture_output=True, text=True, timeout=300, env=environ
+    )
+    report = json.loads(doctor.stdout)
+    assert not [p for p in report["problems"] if p["setting"] == "VLLM_IR_OP_PRIORITY"]
+    (note,) = [n for n in report["not_for_this_machine"] if n["setting"] == "VLLM_IR_OP_PRIORITY"]
+    assert "provider 'triton' for op 'rms_norm' is unsupported here" in note["reason"]
+
+
+def test_doctor_lists_every_bad_setting_with_its_fix(tmp_path):
+    result = run(
+        tmp_path,
+        "doctor",
+        "--json",
+        env={
+            "VLLM_IR_PROVIDERS": "aten; vllm_c",
+            "VLLM_IR_STRICT_PLUGINS": "maybe",
+            "VLLM_IR_FALLBACK": "loud",
+            "VLLM_BATCH_INVARIANT": "perhaps",
+            "VLLM_IR_OP_PRIORITY": "rms_norm=natve",
+            "VLLM_IR_FALLBAK": "error",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    problems = {p["setting"]: p for p in json.loads(result.stdout)["problems"] if p["status"] == "bad setting"}
+    assert set(problems) == {
+        "VLLM_IR_PROVIDERS",
+        "VLLM_IR_STRICT_PLUGINS",
+        "VLLM_IR_FALLBACK",
+        "VLLM_BATCH_INVARIANT",
+        "VLLM_IR_OP_PRIORITY",
+        "VLLM_IR_FALLBAK",
+    }
+    assert problems["VLLM_IR_PROVIDERS"]["fix"] == "write VLLM_IR_PROVIDERS=aten,vllm_c"
+    assert "accepted values: allow, warn, error" in problems["VLLM_IR_FALLBACK"]["reason"]
+    assert "did you mean 'VLLM_IR_FALLBACK'?" in problems["VLLM_IR_FALLBAK"]["reason"]
+    assert all(p["fix"] for p in problems.values())
+    text = run(tmp_path, "doctor", env={"VLLM_IR_FALLBACK": "loud"}).stdout
+    assert "bad setting: VLLM_IR_FALLBACK='loud' is not accepted" in text and "fix: set VLLM_IR_FALLBACK" in text

@@ -1,0 +1,1 @@
+"""TEST DOUBLE of ``kernelagent_oink.blackwell`` (not Oink)."""
