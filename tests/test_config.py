@@ -136,6 +136,8 @@ def test_errors_name_file_line_and_key(site, monkeypatch):
         rms_norm = ["natve"]
         """,
     )
+    x, w = torch.randn(2, 8), torch.ones(8)
+    without_config = [e.provider for e in vllm_ir.ops.rms_norm.get_priority()]
     monkeypatch.setenv("VLLM_IR_CONFIG", path)
     with pytest.raises(ConfigError) as info:
         vllm_ir.reload_env()
@@ -144,9 +146,11 @@ def test_errors_name_file_line_and_key(site, monkeypatch):
     assert lines[1].startswith(f"config {path}, line 5, key priority.eager.rms_norm: unknown provider 'natve'")
     known = lines[1].partition("known providers of rms_norm: ")[2].partition(";")[0].split(", ")
     assert "native" in known and "did you mean 'native'?" in lines[1]
-    # Implicitly read, the good keys apply and the bad ones are ignored with a warning.
-    x, w = torch.randn(2, 8), torch.ones(8)
-    assert vllm_ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == "native"
+    # Implicitly read, the good keys apply and the bad ones are ignored with a warning: the
+    # misspelt priority leaves rms_norm's list as it was (whatever providers the suite loaded).
+    assert [e.provider for e in vllm_ir.ops.rms_norm.get_priority()] == without_config
+    assert vllm_ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == without_config[0]
+    assert vllm_ir.ir.priority.settings().fallback == "warn"
 
 
 def test_invalid_toml_names_the_line_and_the_file_is_ignored(site, monkeypatch):
