@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vllm_ir
-from tests.plugin_dists import GOOD_IMPL, make_dist
+from tests.plugin_dists import GOOD_IMPL, isolated_site, make_dist
 from vllm_ir import PluginError, ProviderStatus, plugins
 
 HOOKS = """
@@ -24,20 +24,7 @@ def vllm_ir_default_priority(platform, mode):
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """A folder on sys.path for distributions, and discovery reset before and after."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("VLLM_IR_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-    for var in ("VLLM_IR_PROVIDERS", "VLLM_IR_DISABLE_PROVIDERS", "VLLM_IR_STRICT_PLUGINS", "VLLM_IR_OOT_PLATFORM"):
-        monkeypatch.delenv(var, raising=False)
-    importlib.invalidate_caches()
-    plugins.reset_for_tests()
-    modules_before = set(sys.modules)
-    yield tmp_path
-    sys.path.remove(str(tmp_path))
-    importlib.invalidate_caches()
-    plugins.reset_for_tests()
-    for name in set(sys.modules) - modules_before:
-        if name.startswith("tp_"):
-            del sys.modules[name]
+    yield from isolated_site(tmp_path, monkeypatch)
 
 
 def _record(name):
