@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from vllm_ir.errors import VllmIrError
-from vllm_ir.ir import registry
+from vllm_ir.ir import registry, signature
 from vllm_ir.ir.priority import MODES
 
 if TYPE_CHECKING:
@@ -132,8 +132,10 @@ def _provider_names(value: Any, where: str) -> tuple[str, ...]:
     for name in names:
         if not isinstance(name, str):
             raise HookResultError(f"{where}: provider {_show(name)} is not a string")
-        if not name.isidentifier():
-            raise HookResultError(f"{where}: {name!r} is not a provider name (an identifier)")
+        if not signature.NAME.match(name):
+            raise HookResultError(
+                f"{where}: {name!r} is not a provider name (an identifier); provider names match [a-z_][a-z0-9_]*"
+            )
     return tuple(dict.fromkeys(names))
 
 

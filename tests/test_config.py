@@ -22,10 +22,8 @@ VARS = ("VLLM_IR_PLATFORM", "VLLM_IR_CONFIG")
 
 @pytest.fixture
 def site(tmp_path, monkeypatch):
-    for var in VARS:
-        monkeypatch.delenv(var, raising=False)
     env.forget_warnings()
-    yield from isolated_site(tmp_path, monkeypatch)
+    yield from isolated_site(tmp_path, monkeypatch)  # unsets VARS too
     for var in VARS:  # before the conftest's reload_env, which would raise on a bad file
         os.environ.pop(var, None)
     config.reset()

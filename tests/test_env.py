@@ -23,13 +23,10 @@ from tests.plugin_dists import GOOD_IMPL, isolated_site, make_dist
 from tests.test_cli import run
 from vllm_ir import ConfigError, ConfigWarning, ProviderStatus, env
 
-PLUGIN_VARS = ("VLLM_IR_PLATFORM", "VLLM_IR_CONFIG", "VLLM_IR_FAST_LOOKUP")
-
 
 @pytest.fixture
 def site(tmp_path, monkeypatch):
-    for var in PLUGIN_VARS:
-        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("VLLM_IR_FAST_LOOKUP", raising=False)  # isolated_site unsets the plugin variables
     env.forget_warnings()
     yield from isolated_site(tmp_path, monkeypatch)
     env.forget_warnings()

@@ -77,9 +77,20 @@ def vllm_ir_default_priority(platform, mode):
         ('{"rms_norm": "tp_bad"}', "op 'rms_norm': expected a list of provider names, got str 'tp_bad'"),
         ('["tp_bad"]', "vllm_ir_default_priority returned list ['tp_bad']; expected a dict"),
         ('{"rms_norm": ["tp bad"]}', "'tp bad' is not a provider name (an identifier)"),
+        ('{"rms_norm": ["Tp_Bad"]}', "'Tp_Bad' is not a provider name (an identifier); provider names match"),
         ('{7: ["tp_bad"]}', "vllm_ir_default_priority: op name int 7 is not a string"),
     ],
-    ids=["unhashable", "int", "raising-iterable", "raising-mapping", "string", "list", "not-identifier", "op-int"],
+    ids=[
+        "unhashable",
+        "int",
+        "raising-iterable",
+        "raising-mapping",
+        "string",
+        "list",
+        "not-identifier",
+        "not-lowercase",
+        "op-int",
+    ],
 )
 def test_malformed_default_priority_fails_that_plugin_only(site, result, reason):
     make_dist(site, "tp-bad", GOOD_IMPL.format(provider="tp_bad") + DEFAULTS_RETURNING.format(result=result))

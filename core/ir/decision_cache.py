@@ -60,13 +60,13 @@ class DecisionCache:
             )
         if decision.skipped:
             fallback.apply(op, decision)
-        if epoch != registry.epoch:
-            pass  # priorities or registrations changed meanwhile (another thread): run it, don't keep it
-        elif not decision.skipped and decision.impl.supports_args is None:
+        # Priorities or registrations changed meanwhile (another thread): run it, don't keep it.
+        current = epoch == registry.epoch
+        if current and not decision.skipped and decision.impl.supports_args is None:
             # Nothing was skipped, so the first candidate ran, and it accepts every call:
             # no per-call key is needed in this scope.
             self.fixed[key[0]] = decision
-        elif decision.cacheable:
+        elif current and decision.cacheable:
             if len(self.decisions) >= MAX_CACHED_DECISIONS:
                 self.clear()
             self.decisions[key] = decision

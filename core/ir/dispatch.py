@@ -96,13 +96,7 @@ def build_entry_points(
         "_lookup": lookup.lookup if lookup is not None else None,
         "_compiled_key": lookup.key if lookup is not None else None,
     }
-    params = []
-    for i, p in enumerate(sig.parameters.values()):
-        if p.default is inspect.Parameter.empty:
-            params.append(p.name)
-        else:
-            env[f"_default_{i}"] = p.default
-            params.append(f"{p.name}=_default_{i}")
+    signature = parameter_list(sig, env)
     call = ", ".join(names)
     relate = len(op.token_params) >= 2
     key_parts = ["scope"] + [_key_expr(op, name, relate) for name in names]
@@ -122,7 +116,6 @@ def build_entry_points(
     if lookup is not None:
         key = f"_compiled_key(scope, {call}) or {key}"
         key_function = _define(op, "key", "_key", f"def _key(scope, {call}):\n    return {key}\n", env)
-    signature = ", ".join(params)
     tails = {
         "functional": f"    d.calls += 1\n    return d.functional({call})\n",
         "maybe_inplace": (
@@ -160,6 +153,30 @@ def build_entry_points(
         source = _fast_path(op.name, head + signature, call, traced, tails[runner])
         entries.append(_define(op, overload, op.name, source, dict(env, _python_path=python_path)))
     return EntryPoints(entries[0], entries[1], entries[2], key_function)
+
+
+def parameter_list(sig: inspect.Signature, env: dict[str, Any]) -> str:
+    """``"x, weight, epsilon, variance_size=_default_3"``: the parameters of generated code with
+    the op's defaults, which it puts into ``env`` (the generated functions' globals)."""
+    params = []
+    for i, p in enumerate(sig.parameters.values()):
+        if p.default is inspect.Parameter.empty:
+            params.append(p.name)
+        else:
+            env[f"_default_{i}"] = p.default
+            params.append(f"{p.name}=_default_{i}")
+    return ", ".join(params)
+
+
+def build_unrunnable(op: IrOp, provider: str) -> Callable[..., Any]:
+    """A stand-in kernel with the op's parameters for `IrOp.register_unsupported`: unsupported
+    implementations are never dispatched, so calling it is a bug."""
+    env: dict[str, Any] = {}
+    source = (
+        f"def {op.name}({parameter_list(op.signature, env)}):\n"
+        f"    raise AssertionError('op {op.name}: provider {provider} is unsupported here and never dispatched')\n"
+    )
+    return _define(op, f"unsupported.{provider}", op.name, source, env)
 
 
 def _guarded(fn_name: str, params: str, expr: str, call: str, prelude: str = "") -> str:

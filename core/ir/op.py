@@ -177,30 +177,14 @@ class IrOp:
         and ``explain`` then show the reason instead of "not installed", and nothing is imported.
         """
         verdict = reason if isinstance(reason, Unsupported) else Unsupported(reason)
-        return self.add_impl(IrOpImpl(self.name, provider, self._unrunnable(provider), verdict, inplace=inplace))
-
-    def _unrunnable(self, provider: str) -> Callable[..., Any]:
-        """A stand-in kernel with the op's parameters; unsupported implementations are never dispatched."""
-        params = []
-        env: dict[str, Any] = {}
-        for i, p in enumerate(self.signature.parameters.values()):
-            if p.default is inspect.Parameter.empty:
-                params.append(p.name)
-            else:
-                env[f"_default_{i}"] = p.default
-                params.append(f"{p.name}=_default_{i}")
-        source = (
-            f"def {self.name}({', '.join(params)}):\n"
-            f"    raise AssertionError("
-            f"'op {self.name}: provider {provider} is unsupported here and never dispatched')\n"
+        return self.add_impl(
+            IrOpImpl(self.name, provider, _dispatch.build_unrunnable(self, provider), verdict, inplace=inplace)
         )
-        exec(compile(source, f"<vllm_ir.ops.{self.name}.unsupported.{provider}>", "exec"), env)
-        return env[self.name]
 
     def add_impl(self, impl: IrOpImpl) -> IrOpImpl:
         """Validate and add an implementation; a refused one leaves no trace."""
         p = impl.provider
-        if not isinstance(p, str) or not signature.PROVIDER_NAME.match(p):
+        if not isinstance(p, str) or not signature.NAME.match(p):
             raise RegistrationError(
                 f"op {self.name!r}: provider name {p!r} must match [a-z_][a-z0-9_]* "
                 "(lowercase letters, digits, underscores)",

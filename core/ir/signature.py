@@ -16,9 +16,9 @@ import torch
 
 from vllm_ir.errors import RegistrationError
 
-_OP_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-#: Provider names as priority lists, env vars and vLLM's own IR accept them.
-PROVIDER_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+#: Op and provider names: lowercase identifiers, as priority lists, env vars, torch.library
+#: and vLLM's own IR accept them.
+NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _REFUSED_KINDS = {
     inspect.Parameter.KEYWORD_ONLY: "keyword-only",
     inspect.Parameter.VAR_POSITIONAL: "*args",
@@ -28,7 +28,7 @@ _REFUSED_KINDS = {
 
 
 def check_op_name(name: str) -> None:
-    if not isinstance(name, str) or not _OP_NAME.match(name):
+    if not isinstance(name, str) or not NAME.match(name):
         raise RegistrationError(
             f"invalid op name {name!r}: op names must be lowercase Python identifiers "
             "(letters a-z, digits, underscores; not starting with a digit)",
