@@ -65,6 +65,8 @@ class IrOpImpl:
     inplace: bool = False
     batch_invariant: bool = False
     cacheable: bool = True
+    #: Results are bit-identical to native's (the conformance kit then compares exactly).
+    exact: bool = False
     #: Which plugin distribution registered it (filled in by provider discovery).
     origin: str | None = field(default=None)
     #: The same provider's in-place kernel when ``fn`` is its functional one (both forms
@@ -97,6 +99,7 @@ class IrOpImpl:
                 ("inplace", self.inplace),
                 ("both forms", self.inplace_fn is not None),
                 ("batch_invariant", self.batch_invariant),
+                ("exact", self.exact),
             )
             if on
         ]

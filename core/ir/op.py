@@ -120,6 +120,7 @@ class IrOp:
         inplace: bool = False,
         batch_invariant: bool = False,
         cacheable: bool = True,
+        exact: bool = False,
         compile_facts: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
     ) -> Callable[[F], F]:
         """Register ``provider``'s implementation of this op (decorator).
@@ -133,6 +134,9 @@ class IrOp:
         :param batch_invariant: results do not depend on the batch composition.
         :param cacheable: False when the predicate looks beyond dtype, device, number of
             dimensions, layout class (contiguous, unit inner stride, other) and scalar arguments.
+        :param exact: results are bit-identical to native's wherever the predicate accepts (as
+            vLLM's activation kernels are to eager PyTorch); the conformance kit holds the
+            claim to zero tolerance instead of the op's dtype tolerances.
         :param compile_facts: what a compiled graph that runs this implementation depends on
             besides its code, which vllm-ir hashes itself: ``{"build": BUILD_ID}``, or a
             callable returning such a mapping (string keys, plain values), called at every
@@ -163,6 +167,7 @@ class IrOp:
                     inplace,
                     batch_invariant,
                     cacheable,
+                    exact=exact,
                     compile_facts=compile_facts,
                 )
             )
@@ -379,7 +384,7 @@ class IrOp:
 
 def _second_form(existing: IrOpImpl, new: IrOpImpl) -> bool:
     """Whether ``new`` is the other kernel form (functional vs in-place) of ``existing``, with its options."""
-    options = ("supported", "supports_args", "batch_invariant", "cacheable")
+    options = ("supported", "supports_args", "batch_invariant", "cacheable", "exact")
     return (
         existing.inplace_fn is None
         and existing.inplace != new.inplace

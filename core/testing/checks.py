@@ -79,6 +79,11 @@ def _run_selected(op: IrOp, impl: IrOpImpl, args: tuple, overload: str = "defaul
         return op(*args) if overload == "default" else op.maybe_inplace(*args)
 
 
+def tolerance(op: IrOp, impl: IrOpImpl, dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol): zero for an implementation that claims ``exact``, else the op's for ``dtype``."""
+    return (0.0, 0.0) if impl.exact else op.tolerance(dtype)
+
+
 def compare(op: IrOp, impl: IrOpImpl, case: Case, actual: Any, expected: Any) -> tuple[float, float]:
     """Assert ``actual`` matches native within the op's tolerance; returns (max abs error, worst ratio)."""
     got, want = _tensors(actual), _tensors(expected)
@@ -90,20 +95,22 @@ def compare(op: IrOp, impl: IrOpImpl, case: Case, actual: Any, expected: Any) ->
         assert a.dtype == e.dtype, f"{where}: dtype {a.dtype}, native {e.dtype}"
         if e.numel() == 0:
             continue
-        atol, rtol = op.tolerance(case.dtype)
+        atol, rtol = tolerance(op, impl, case.dtype)
         a64, e64 = a.detach().to("cpu", torch.float64), e.detach().to("cpu", torch.float64)
         nan_mismatch = (a64.isnan() != e64.isnan()).any().item()
         assert not nan_mismatch, f"{where}: NaN where native has none (or the reverse)"
         finite = ~e64.isnan()
-        err = (a64 - e64).abs()[finite]
+        # Equal values (infinities included) are no error, also under a zero (exact) tolerance.
+        same = a64 == e64
+        err = torch.where(same, 0.0, (a64 - e64).abs())[finite]
         allowed = (atol + rtol * e64.abs())[finite]
         if err.numel():
             worst_abs = max(worst_abs, err.max().item())
-            ratio = (err / allowed).max().item()
+            ratio = torch.where(same[finite], 0.0, err / allowed).max().item()
             worst_ratio = max(worst_ratio, ratio if math.isfinite(ratio) else math.inf)
     assert worst_ratio <= 1.0, (
         f"{_who(op, impl, case)}: max abs error {worst_abs:.3g} is {worst_ratio:.2f}x the tolerance "
-        f"(atol, rtol = {op.tolerance(case.dtype)})"
+        f"(atol, rtol = {tolerance(op, impl, case.dtype)})"
     )
     return worst_abs, worst_ratio
 

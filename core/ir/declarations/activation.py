@@ -1,33 +1,147 @@
-"""Gated activations: ``[..., 2d] -> [..., d]``, the MLP's nonlinearity times its up projection.
+"""Activations: gated ``[..., 2d] -> [..., d]`` (the MLP's nonlinearity times its up projection)
+and elementwise (shape preserved).
 
-The first half of the last dimension is the gate, the second half the "up" value (vLLM's
-layout for merged gate/up projections). Rounding follows eager PyTorch, as vLLM's CUDA
-kernels do: the activation is computed in float32 and rounded to x's dtype, then multiplied
-in x's dtype — so a kernel that keeps float32 through the multiply differs by ~1 ulp, which
-the default tolerances allow.
+Gated ops: the first half of the last dimension is the gate, the second half the "up" value
+(vLLM's layout for merged gate/up projections), except ``swigluoai_and_mul`` whose halves are
+interleaved as GPT-OSS stores them. Rounding follows eager PyTorch, as vLLM's CUDA kernels do:
+the activation is computed in float32 and rounded to x's dtype, then multiplied in x's dtype,
+so a kernel that rounds at the same points is bit-exact (it may register ``exact=True``) and
+one that keeps float32 through the multiply differs by ~1 ulp, which the default tolerances
+allow.
+
+Elementwise ops compute in float32 and round once to x's dtype: the most accurate result a
+kernel can return, where vLLM's native code rounds after every step in x's dtype (a few bf16
+ulp apart, inside the default tolerances).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vllm_ir.ir.op import register_op
+from vllm_ir.ir.op import IrOp, register_op
+
+
+def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
+    d = x.shape[-1] // 2
+    return x[..., :d], x[..., d:]
 
 
 @register_op
 def silu_and_mul(x: Tensor) -> Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` where ``d = x.shape[-1] // 2`` (SwiGLU)."""
-    d = x.shape[-1] // 2
-    return F.silu(x[..., :d]) * x[..., d:]
+    gate, up = _halves(x)
+    return F.silu(gate) * up
 
 
-def _gated_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, seed: int = 0) -> tuple[Tensor]:
-    """``x`` of shape ``[*shape[:-1], 2 * shape[-1]]`` (``shape`` names the output), ~ N(0, 2)."""
+@register_op
+def mul_and_silu(x: Tensor) -> Tensor:
+    """``x[..., :d] * silu(x[..., d:])``: the gate in the second half."""
+    up, gate = _halves(x)
+    return up * F.silu(gate)
+
+
+@register_op
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    """``gelu(x[..., :d], approximate) * x[..., d:]`` (GeGLU); ``approximate`` is "none" or "tanh"."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', not {approximate!r}")
+    gate, up = _halves(x)
+    return F.gelu(gate, approximate=approximate) * up
+
+
+@register_op
+def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
+    """``threshold(x[..., :d]) * x[..., d:]``: gate values ``<= threshold`` become 0 (FATReLU)."""
+    gate, up = _halves(x)
+    return F.threshold(gate, threshold, 0.0) * up
+
+
+@register_op
+def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+    """GPT-OSS's clamped SwiGLU on interleaved halves: gate ``x[..., ::2]``, up ``x[..., 1::2]``.
+
+    ``gate = min(gate, limit)``, ``up = clamp(up, -limit, limit)``,
+    ``gate * sigmoid(alpha * gate) * (up + 1)``, each step in x's dtype as vLLM's
+    ``SwigluOAIAndMul.forward_native`` computes it.
+    """
+    gate, up = x[..., ::2], x[..., 1::2]
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    glu = gate * torch.sigmoid(gate * alpha)
+    return (up + 1) * glu
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+@register_op
+def gelu_new(x: Tensor) -> Tensor:
+    """``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (GPT-2's GELU), in float32, rounded once."""
+    xf = x.float()
+    return (0.5 * xf * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (xf + 0.044715 * xf.pow(3))))).to(x.dtype)
+
+
+@register_op
+def gelu_fast(x: Tensor) -> Tensor:
+    """``0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2)))``, in float32, rounded once."""
+    xf = x.float()
+    return (0.5 * xf * (1.0 + torch.tanh(xf * 0.7978845608 * (1.0 + 0.044715 * xf * xf)))).to(x.dtype)
+
+
+@register_op
+def quick_gelu(x: Tensor) -> Tensor:
+    """``x * sigmoid(1.702 x)`` (CLIP's GELU approximation), in float32, rounded once."""
+    xf = x.float()
+    return (xf * torch.sigmoid(1.702 * xf)).to(x.dtype)
+
+
+@register_op
+def relu2(x: Tensor) -> Tensor:
+    """``relu(x)^2`` (squared ReLU, Primer / Nemotron); NaN stays NaN."""
+    xf = x.float()
+    return torch.square(F.relu(xf)).to(x.dtype)
+
+
+GATED_OPS: tuple[IrOp, ...] = (silu_and_mul, mul_and_silu, gelu_and_mul, fatrelu_and_mul, swigluoai_and_mul)
+ELEMENTWISE_OPS: tuple[IrOp, ...] = (gelu_new, gelu_fast, quick_gelu, relu2)
+
+
+def _gated_inputs(*extra: str):
+    """An input generator: ``x`` of shape ``[*shape[:-1], 2 * shape[-1]]`` (``shape`` names the
+    output), ~ N(0, 2), followed by the op's scalar parameters ``extra`` (defaults unless a
+    variant sets them)."""
+
+    def generate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, seed: int = 0, **options):
+        g = torch.Generator().manual_seed(seed)
+        x = 2.0 * torch.randn((*shape[:-1], 2 * shape[-1]), generator=g, dtype=torch.float32)
+        unknown = set(options) - set(extra)
+        if unknown:
+            raise TypeError(f"unknown input options {sorted(unknown)}")
+        return (x.to(device=device, dtype=dtype), *(options[name] for name in extra if name in options))
+
+    return generate
+
+
+def _elementwise_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, seed: int = 0):
+    """``x`` of ``shape``, ~ N(0, 3): both tails of the activations, and exact zeros are rare."""
     g = torch.Generator().manual_seed(seed)
-    x = 2.0 * torch.randn((*shape[:-1], 2 * shape[-1]), generator=g, dtype=torch.float32)
-    return (x.to(device=device, dtype=dtype),)
+    return ((3.0 * torch.randn(shape, generator=g, dtype=torch.float32)).to(device=device, dtype=dtype),)
 
 
-silu_and_mul.input_generator(_gated_inputs)
+silu_and_mul.input_generator(_gated_inputs())
+mul_and_silu.input_generator(_gated_inputs())
+gelu_and_mul.input_generator(_gated_inputs("approximate"))
+gelu_and_mul.add_input_variant("tanh", approximate="tanh")
+fatrelu_and_mul.input_generator(_gated_inputs("threshold"))
+fatrelu_and_mul.add_input_variant("threshold_0_5", threshold=0.5)
+swigluoai_and_mul.input_generator(_gated_inputs("alpha", "limit"))
+swigluoai_and_mul.add_input_variant("alpha_1_limit_3", alpha=1.0, limit=3.0)
+# vLLM's kernel test tolerances for swigluoai_and_mul (several roundings in x's dtype).
+swigluoai_and_mul.set_tolerance(torch.float16, atol=1e-3, rtol=2e-3)
+swigluoai_and_mul.set_tolerance(torch.bfloat16, atol=1e-3, rtol=2e-2)
+for _op in ELEMENTWISE_OPS:
+    _op.input_generator(_elementwise_inputs)

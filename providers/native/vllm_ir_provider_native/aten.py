@@ -87,9 +87,9 @@ def fused_add_rms_norm(
     x_var = x_residual if variance_size is None else x_residual[..., :variance_size]
     # sqrt(sum of squares) in fp32 without an fp32 copy of the activations; then mean, + eps, rsqrt.
     scale = torch.linalg.vector_norm(x_var, dim=-1, keepdim=True, dtype=torch.float32)
-    # Out of place on the [..., 1] statistics: Inductor has no lowering for pow_/rsqrt_ (and
-    # fails under CI=1 where it would fall back to ATen for them).
-    scale = torch.rsqrt(scale.square() / x_var.shape[-1] + epsilon)
+    # No square_()/rsqrt_(): Inductor has no lowering for pow_/rsqrt_ (under CI=1 its ATen
+    # fallback for them is an error); mul_/div_/add_ it lowers.
+    scale = scale.mul_(scale).div_(x_var.shape[-1]).add_(epsilon).rsqrt()
     torch.mul(x_residual, scale, out=x)
     if weight is not None:
         x.mul_(weight)
