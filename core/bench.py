@@ -136,14 +136,16 @@ def _bytes_moved(args: Sequence[Any], out: Any) -> int:
     return read + sum(o.nbytes for o in outs if isinstance(o, torch.Tensor))
 
 
-def validate_case(op: IrOp, impl: IrOpImpl, args: tuple) -> tuple[Result, Callable[[], object] | None, int]:
+def validate_case(
+    op: IrOp, impl: IrOpImpl, args: tuple, shape: tuple[int, int], dtype: torch.dtype
+) -> tuple[Result, Callable[[], object] | None, int]:
     """Correctness against native; returns the result so far, the timed call (if it may be timed)
-    and the bytes it moves."""
+    and the bytes it moves. ``shape`` and ``dtype`` are what ``args`` were generated for (the
+    first argument need not be the activation: rotary embedding's is the positions)."""
     from vllm_ir.testing import Case, compare
 
-    dtype = args[0].dtype
-    case = Case(tuple(args[0].shape), dtype)
-    base = Result(op.name, str(dtype).removeprefix("torch."), args[0].shape[0], args[0].shape[-1], impl.provider, "ok")
+    case = Case(shape, dtype)
+    base = Result(op.name, str(dtype).removeprefix("torch."), shape[0], shape[-1], impl.provider, "ok")
     verdict = selection.ask(impl, args)
     if not verdict:
         base.status, base.detail = "declined", reason_of(verdict, "declined")
@@ -172,18 +174,6 @@ def validate_case(op: IrOp, impl: IrOpImpl, args: tuple) -> tuple[Result, Callab
     if not impl.inplace:
         base.detail = "includes allocating the output"
     return base, (lambda: impl.fn(*work)), _bytes_moved(args, out)
-
-
-def bench_case(op: IrOp, impl: IrOpImpl, args: tuple, repeats: int, rounds: int = 1) -> Result:
-    """One (op, implementation, inputs) on its own: validated, then timed in ``rounds`` rounds."""
-    result, call, moved = validate_case(op, impl, args)
-    if call is not None:
-        _fill(
-            result,
-            measure_rounds({impl.provider: call}, args[0].device, repeats=repeats, rounds=rounds)[impl.provider],
-            moved,
-        )
-    return result
 
 
 def _fill(result: Result, spread: Spread, moved: int) -> None:
@@ -246,7 +236,7 @@ def run(
                         line = f"[{k}/{total}] {op.name} {dtype_name} [{t}, {hidden}] {impl.provider}"
                         sys.stderr.write(f"\r{line:<80}" if sys.stderr.isatty() else line + "\n")
                         sys.stderr.flush()
-                    r, call, moved = validate_case(op, impl, args)
+                    r, call, moved = validate_case(op, impl, args, (t, hidden), dtype)
                     r.dispatcher_picks = picks
                     results.append(r)
                     if call is not None:

@@ -5,6 +5,9 @@
   differ by at most one ulp of the input dtype, inside the op's tolerance. It declines where
   the contract differs: ``variance_size`` (not expressible) and a weight dtype other than x's
   (native promotes the result to the weight's dtype; ATen returns x's dtype).
+- ``gelu_new`` and ``gelu_fast`` are GELU's tanh approximation (the same formula; gelu_fast's
+  constant is sqrt(2/pi) to ten digits): ``torch.nn.functional.gelu(x, approximate="tanh")``,
+  one kernel computing in fp32 and rounding once, as the op does.
 - ``fused_add_rms_norm`` is in place from in-place torch ops: the only temporaries are the
   per-row statistics ([..., 1] fp32), so ``maybe_inplace`` allocates nothing activation-sized.
 
@@ -94,3 +97,20 @@ def fused_add_rms_norm(
     if weight is not None:
         x.mul_(weight)
     return x, x_residual
+
+
+def _gelu_tanh_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.dtype not in DTYPES:
+        return vllm_ir.Unsupported(
+            f"dtype {x.dtype} is not float32, bfloat16 or float16"
+            + (" (native computes float64 in float32; ATen would not match it)" if x.dtype == torch.float64 else "")
+        )
+    return True
+
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+for _op in (vllm_ir.ops.gelu_new, vllm_ir.ops.gelu_fast):
+    _op.register_impl(PROVIDER, supports_args=_gelu_tanh_supports, batch_invariant=True)(_gelu_tanh)

@@ -8,6 +8,10 @@ function: the outer Inductor fuses it anyway, and compiling inside a compile is 
 The fused add + RMSNorm stays functional: Inductor 2.13's CPU backend fails to compile the
 in-place form (input mutation after a reduction raises ``InductorError: KeyError: 'buf1'``).
 
+Activations are compiled over a flattened view (rows for the gated ops, one dimension for the
+elementwise ones): every rank and row stride is then the same compiled code, so an op costs one
+compile per dtype (and per size 0/1 specialization) instead of one per layout.
+
 float64 is declined: native computes it in float32, and Inductor's fused float32 reduction
 rounds differently (~1e-7), far beyond the float64 tolerance; native itself is the right kernel
 for a reference dtype. Everything else native accepts, the compiled native function accepts.
@@ -16,6 +20,7 @@ for a reference dtype. Everything else native accepts, the compiled native funct
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import shutil
 import types
@@ -113,3 +118,38 @@ def fused_add_rms_norm(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
 ) -> tuple[Tensor, Tensor]:
     return _run("fused_add_rms_norm", x, x_residual, weight, epsilon, variance_size)
+
+
+def _gated_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.dim() == 0:
+        return vllm_ir.Unsupported("x is 0-d (a gated activation splits the last dimension)")
+    return _not_float64(x)
+
+
+def _register_activation(op: vllm_ir.IrOp, gated: bool) -> None:
+    """``op``'s native function compiled over rows (gated) or a flat view (elementwise)."""
+
+    def run(x: Tensor, *params: Any) -> Tensor:
+        if gated:
+            out = _run(op.name, x.reshape(-1, x.shape[-1]), *params)
+            return out.reshape(*x.shape[:-1], out.shape[-1])
+        return _run(op.name, x.reshape(-1), *params).reshape(x.shape)
+
+    def supports(x: Tensor, *params: Any) -> bool | vllm_ir.Unsupported:
+        return _gated_supports(x) if gated else _not_float64(x)
+
+    # The op's own parameters (names, defaults): what register_impl checks both against.
+    run.__signature__ = supports.__signature__ = inspect.signature(op.fn)
+    op.register_impl(PROVIDER, supported=SUPPORTED, supports_args=supports, batch_invariant=True)(run)
+
+
+def _register_activations() -> None:
+    from vllm_ir.ir.declarations.activation import ELEMENTWISE_OPS, GATED_OPS
+
+    for op in GATED_OPS:
+        _register_activation(op, gated=True)
+    for op in ELEMENTWISE_OPS:
+        _register_activation(op, gated=False)
+
+
+_register_activations()
