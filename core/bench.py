@@ -62,6 +62,17 @@ class Result:
     rounds: int = 0
     #: The spread stayed above NOISE_LIMIT after re-measuring.
     noisy: bool = False
+    #: The op's input variant measured ("default" or one of ``op.benchmark_variants``).
+    variant: str = "default"
+
+
+def case_label(op: str, variant: str) -> str:
+    """What tables call a measured case: the op, with its input variant unless default."""
+    return op if variant == "default" else f"{op}[{variant}]"
+
+
+def _label(r: dict[str, Any]) -> str:
+    return case_label(r["op"], r.get("variant", "default"))
 
 
 @dataclass(frozen=True)
@@ -220,24 +231,26 @@ def run(
     dev = torch.device(device)
     ops, impls, skipped = plan_of(op_names, providers)
     bandwidth = copy_bandwidth(dev, copy_mib, repeats=repeats, rounds=rounds)
-    total = sum(len(impls[op.name]) for op in ops) * len(dtypes) * len(tokens)
+    total = sum(len(impls[op.name]) * (1 + len(op.benchmark_variants)) for op in ops) * len(dtypes) * len(tokens)
     results: list[Result] = []
     k = 0
-    for op in ops:
+    for op, variant in [(o, v) for o in ops for v in ("default", *o.benchmark_variants)]:
         for dtype in dtypes:
             for t in tokens:
-                args = op.generate_inputs((t, hidden), dtype, dev)
+                args = op.generate_inputs((t, hidden), dtype, dev, **op.input_variants.get(variant, {}))
                 picks = op.dispatch(*args).provider if impls[op.name] else None
                 timed: dict[str, tuple[Result, Callable[[], object], int]] = {}
                 for impl in impls[op.name]:
                     k += 1
                     if progress:
                         dtype_name = str(dtype).removeprefix("torch.")
-                        line = f"[{k}/{total}] {op.name} {dtype_name} [{t}, {hidden}] {impl.provider}"
+                        line = (
+                            f"[{k}/{total}] {case_label(op.name, variant)} {dtype_name} [{t}, {hidden}] {impl.provider}"
+                        )
                         sys.stderr.write(f"\r{line:<80}" if sys.stderr.isatty() else line + "\n")
                         sys.stderr.flush()
                     r, call, moved = validate_case(op, impl, args, (t, hidden), dtype)
-                    r.dispatcher_picks = picks
+                    r.dispatcher_picks, r.variant = picks, variant
                     results.append(r)
                     if call is not None:
                         timed[impl.provider] = (r, call, moved)
@@ -275,7 +288,7 @@ def winner_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     cases: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in report["results"]:
         if r["status"] == "ok" and r["median_us"] is not None:
-            cases.setdefault((r["op"], r["dtype"], r["tokens"]), []).append(r)
+            cases.setdefault((_label(r), r["dtype"], r["tokens"]), []).append(r)
     out = []
     for (op, dtype, tokens), rows in cases.items():
         rows = sorted(rows, key=lambda r: r["median_us"])
@@ -309,10 +322,10 @@ def suggested_priority(report: dict[str, Any]) -> dict[str, Any]:
     best: dict[tuple[str, str, int], float] = {}
     ok = [r for r in report["results"] if r["status"] == "ok" and r["median_us"]]
     for r in ok:
-        key = (r["op"], r["dtype"], r["tokens"])
+        key = (_label(r), r["dtype"], r["tokens"])
         best[key] = min(best.get(key, math.inf), r["median_us"])
     for r in ok:
-        ratio = r["median_us"] / best[(r["op"], r["dtype"], r["tokens"])]
+        ratio = r["median_us"] / best[(_label(r), r["dtype"], r["tokens"])]
         ratios.setdefault(r["op"], {}).setdefault(r["provider"], []).append(ratio)
     lists: dict[str, list[str]] = {}
     for op, per_provider in ratios.items():
@@ -323,7 +336,7 @@ def suggested_priority(report: dict[str, Any]) -> dict[str, Any]:
     env_value = ";".join(f"{op}={','.join(ps)}" for op, ps in sorted(lists.items()))
     toml = "\n".join(["[priority.eager]"] + [f"{op} = [{', '.join(repr(p) for p in ps)}]".replace("'", '"')
                                               for op, ps in sorted(lists.items())])  # fmt: skip
-    uncertain = sorted({w["op"] for w in report.get("winners") or winner_table(report) if w["uncertain"]})
+    uncertain = sorted({w["op"].split("[")[0] for w in report.get("winners") or winner_table(report) if w["uncertain"]})
     return {"lists": lists, "env": env_value, "toml": toml, "uncertain_ops": uncertain}
 
 
@@ -349,7 +362,7 @@ def format_report(report: dict[str, Any]) -> str:
     win = {(w["op"], w["dtype"], w["tokens"]): w for w in report.get("winners") or winner_table(report)}
     by_op: dict[str, list[dict[str, Any]]] = {}
     for r in report["results"]:
-        by_op.setdefault(r["op"], []).append(r)
+        by_op.setdefault(_label(r), []).append(r)
     width = 27
     for op, rows in by_op.items():
         providers = list(dict.fromkeys(r["provider"] for r in rows))
@@ -423,9 +436,18 @@ def plot(report: dict[str, Any], path: str) -> str:
     groups: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = {}
     for r in report["results"]:
         if r["status"] == "ok":
-            groups.setdefault((r["op"], r["dtype"]), {}).setdefault(r["provider"], []).append((r["tokens"], r["gbps"]))
-    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(5 * max(1, len(groups)), 4), squeeze=False)
-    for ax, ((op, dtype), lines) in zip(axes[0], sorted(groups.items()), strict=False):
+            by_provider = groups.setdefault((_label(r), r["dtype"]), {})
+            by_provider.setdefault(r["provider"], []).append((r["tokens"], r["gbps"]))
+    # One row per measured case, one column per dtype.
+    labels = sorted({label for label, _ in groups})
+    dtype_names = sorted({dtype for _, dtype in groups})
+    rows, cols = max(1, len(labels)), max(1, len(dtype_names))
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for (op, dtype), lines in sorted(groups.items()):
+        ax = axes[labels.index(op)][dtype_names.index(dtype)]
+        ax.set_visible(True)
         for provider, points in sorted(lines.items()):
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=provider)

@@ -90,6 +90,8 @@ class IrOp:
         self._input_generator: InputGenerator | None = None
         #: Named option sets for the input generator that conformance tests cover (e.g. no weight).
         self.input_variants: dict[str, dict[str, Any]] = {}
+        #: Input variants ``vllm-ir bench`` measures besides the default inputs.
+        self.benchmark_variants: list[str] = []
         self.__doc__ = fn.__doc__
         self.decision_cache = DecisionCache(self)
         self._library = torch_library.define(self, self._run_functional)
@@ -326,9 +328,15 @@ class IrOp:
         self._input_generator = fn
         return fn
 
-    def add_input_variant(self, name: str, **options: Any) -> None:
-        """Name a family of inputs (``options`` for the input generator) every provider is tested on."""
+    def add_input_variant(self, name: str, *, benchmark: bool = False, **options: Any) -> None:
+        """Name a family of inputs (``options`` for the input generator) every provider is tested on.
+
+        ``benchmark=True``: ``vllm-ir bench`` measures it too (a shape class that matters for
+        speed, e.g. rotary embedding of half of each head).
+        """
         self.input_variants[name] = options
+        if benchmark and name not in self.benchmark_variants:
+            self.benchmark_variants.append(name)
 
     def generate_inputs(
         self, shape: Sequence[int], dtype: torch.dtype, device: str | torch.device = "cpu", **options: Any
