@@ -47,12 +47,20 @@ def providers():
     return _WRAPPERS
 
 
+AITER_OPS = ["fused_add_rms_norm", "gelu_and_mul", "gelu_fast", "rms_norm", "silu_and_mul"]
+XPU_OPS = [
+    *("fatrelu_and_mul", "fused_add_rms_norm", "gelu_and_mul", "gelu_fast", "gelu_new", "mul_and_silu"),
+    *("quick_gelu", "relu2", "rms_norm", "silu_and_mul", "swigluoai_and_mul"),
+]
+
+
 def test_both_load_and_explain_why_unsupported(tmp_path):
     result = run(tmp_path, "providers", "list", "--json")
     records = {r["name"]: r for r in json.loads(result.stdout)["providers"]}
     assert records["aiter"]["status"] == "unsupported here"
     assert records["aiter"]["reason"] == "torch is a CPU build, AITER needs ROCm"
-    assert records["aiter"]["implementations"] == {"aiter": ["fused_add_rms_norm", "rms_norm"]}
+    assert records["aiter"]["implementations"] == {"aiter": AITER_OPS}
+    assert records["xpu_kernels"]["implementations"] == {"xpu_kernels": XPU_OPS}
     assert records["xpu_kernels"]["status"] == "unsupported here"
     assert records["xpu_kernels"]["reason"] == "no XPU device (torch.xpu is not available)"
     text = run(tmp_path, "providers", "list").stdout
@@ -236,14 +244,223 @@ def test_each_provider_states_its_own_platform_defaults(providers):
     for platform in (platforms.CPU, platforms.CUDA, platforms.ROCM, platforms.XPU):
         for mode in ("eager", "compile"):
             assert platform.default_priority(mode) == {}  # the core's platforms name no provider
-    assert aiter_provider.vllm_ir_default_priority(platforms.ROCM, "eager") == {
-        "fused_add_rms_norm": ["aiter"],
-        "rms_norm": ["aiter"],
-    }
-    assert xpu_provider.vllm_ir_default_priority(platforms.XPU, "eager") == {
-        "fused_add_rms_norm": ["xpu_kernels"],
-        "rms_norm": ["xpu_kernels"],
-    }
+    assert aiter_provider.vllm_ir_default_priority(platforms.ROCM, "eager") == {op: ["aiter"] for op in AITER_OPS}
+    assert xpu_provider.vllm_ir_default_priority(platforms.XPU, "eager") == {op: ["xpu_kernels"] for op in XPU_OPS}
     for hook, other in ((aiter_provider, platforms.XPU), (xpu_provider, platforms.ROCM)):
         assert hook.vllm_ir_default_priority(other, "eager") is None
         assert hook.vllm_ir_default_priority(platforms.ROCM, "compile") is None
+
+
+# -- activations ---------------------------------------------------------------------------------
+
+F16 = torch.float16
+
+
+@pytest.fixture
+def aiter_act(providers):
+    return sys.modules["vllm_ir_provider_aiter.activation"]
+
+
+@pytest.fixture
+def xpu_act(providers):
+    return sys.modules["vllm_ir_provider_xpu_kernels.activation"]
+
+
+@pytest.mark.parametrize(
+    ("x", "reason"),
+    [
+        (torch.randn(4, 64, dtype=torch.float64), "float32/float16/bfloat16, not torch.float64"),
+        (torch.tensor(1.0), "x is 0-d"),
+        (torch.randn(4, 24), "last dimension 24 is not a positive multiple of 16"),
+        (torch.randn(4, 0), "last dimension 0 is not a positive multiple of 16"),
+        (torch.randn(4, 96)[:, :64], "x must be contiguous"),
+        (torch.randn(64, 4).t(), "x must be contiguous"),
+    ],
+)
+def test_aiter_gated_declines_with_reason(aiter_act, x, reason):
+    verdict = aiter_act.gated_rules(x)
+    assert not verdict and reason in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("x", "reason"),
+    [
+        (torch.randn(4, 64, dtype=F16), "bfloat16 only, not torch.float16"),
+        (torch.randn(4, 64), "bfloat16 only, not torch.float32"),
+        (torch.tensor(1.0, dtype=BF16), "x is 0-d"),
+        (torch.randn(4, 12, dtype=BF16), "last dimension 12 is not a multiple of 8"),
+        (torch.randn(4, 96, dtype=BF16)[:, :64], "x must be contiguous"),
+    ],
+)
+def test_aiter_gelu_fast_declines_with_reason(aiter_act, x, reason):
+    verdict = aiter_act.gelu_fast_rules(x)
+    assert not verdict and reason in verdict.reason
+
+
+def test_aiter_activation_rules_accept_and_predicates_decline_cpu(aiter_act):
+    for dtype in (torch.float32, F16, BF16):
+        assert aiter_act.gated_rules(torch.randn(2, 3, 64, dtype=dtype)) is True
+    assert aiter_act.gelu_fast_rules(torch.randn(2, 3, 8, dtype=BF16)) is True
+    x = torch.randn(4, 64, dtype=BF16)
+    for verdict in (
+        aiter_act.silu_and_mul_supports(x),
+        aiter_act.gelu_and_mul_supports(x, "tanh"),
+        aiter_act.gelu_fast_supports(x),
+    ):
+        assert verdict.reason == "tensors are on cpu; AITER runs on ROCm GPUs"
+    verdict = aiter_act.gelu_and_mul_supports(x, "erf")
+    assert "approximate='erf' is neither 'none' nor 'tanh'" in verdict.reason
+    with pytest.raises(ValueError, match=r"gelu_and_mul \(provider aiter\): approximate must be"):
+        vllm_ir.ops.gelu_and_mul.impls["aiter"].fn(x, "erf")
+    assert "fatrelu_and_mul" not in vllm_ir.ops_implemented_by("aiter")  # AITER has no such kernel
+
+
+@pytest.mark.parametrize(
+    ("op_name", "options", "function", "dtype"),
+    [
+        ("silu_and_mul", {}, "silu_and_mul", BF16),
+        ("silu_and_mul", {}, "silu_and_mul", torch.float32),
+        ("gelu_and_mul", {}, "gelu_and_mul", F16),
+        ("gelu_and_mul", {"approximate": "tanh"}, "gelu_tanh_and_mul", BF16),
+        ("gelu_fast", {}, "gelu_fast", BF16),
+    ],
+)
+def test_aiter_activation_calls_the_vendor_function_with_a_fresh_out(aiter_double, op_name, options, function, dtype):
+    op = vllm_ir.ops.__getattr__(op_name)
+    args = op.generate_inputs((2, 3, 64), dtype, **options)
+    x = args[0]
+    out = op.impls["aiter"].fn(*args)
+    (call,) = aiter_double.CALLS
+    assert call["fn"] == function
+    assert call["input"] is x and call["out"] is out  # no copy of an aligned contiguous input
+    torch.testing.assert_close(out, op.fn(*args), atol=op.tolerance(dtype)[0], rtol=op.tolerance(dtype)[1])
+
+
+def test_aiter_activation_copies_a_misaligned_view_and_skips_empty_calls(aiter_double):
+    impl = vllm_ir.ops.silu_and_mul.impls["aiter"]
+    x = torch.randn(2 * 32 + 1)[1:].view(2, 32)  # contiguous, first element 4 bytes past alignment
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    out = impl.fn(x)
+    (call,) = aiter_double.CALLS
+    assert call["input"].data_ptr() % 16 == 0 and torch.equal(call["input"], x)
+    torch.testing.assert_close(out, vllm_ir.ops.silu_and_mul.fn(x))
+    empty = impl.fn(torch.randn(0, 32))
+    assert empty.shape == (0, 16) and len(aiter_double.CALLS) == 1  # AITER is not called for no rows
+
+
+def test_aiter_gelu_fast_declines_when_this_aiter_lacks_it(aiter_double, aiter_act, monkeypatch):
+    monkeypatch.setattr(aiter_act, "_on_gpu", lambda x: True)  # stand in for a ROCm tensor
+    aiter_act.ops.has_function.cache_clear()
+    x = torch.randn(4, 64, dtype=BF16)
+    assert aiter_act.gelu_fast_supports(x) is True
+    monkeypatch.delattr(aiter_double, "gelu_fast")
+    aiter_act.ops.has_function.cache_clear()
+    assert aiter_act.gelu_fast_supports(x).reason == "this AITER has no gelu_fast (a later addition): upgrade AITER"
+    aiter_act.ops.has_function.cache_clear()
+
+
+def test_aiter_activation_is_one_opaque_node_when_traced(aiter_double):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4, 64, dtype=BF16)
+    gm = make_fx(lambda x: vllm_ir.ops.gelu_and_mul.impls["aiter"].fn(x, "tanh"), tracing_mode="fake")(x)
+    calls = [(n.target, n.args[1:]) for n in gm.graph.nodes if n.op == "call_function"]
+    assert calls == [(torch.ops.vllm_ir_aiter.act_and_mul.default, ("gelu_tanh_and_mul",))]
+    assert aiter_double.CALLS == []
+
+
+@pytest.mark.parametrize(
+    ("x", "gated", "reason"),
+    [
+        (torch.randn(4, 64, dtype=torch.float64), True, "float32/float16/bfloat16, not torch.float64"),
+        (torch.tensor(1.0), False, "x is 0-d"),
+        (torch.randn(4, 0), False, "last dimension is 0"),
+        (torch.randn(4, 7), True, "last dimension 7 is odd"),
+        (torch.randn(4, 96)[:, :64], True, "x must be contiguous"),
+        (torch.randn(4, 96)[:, :64], False, "x must be contiguous"),
+    ],
+)
+def test_xpu_activation_declines_with_reason(xpu_act, x, gated, reason):
+    verdict = xpu_act.rules(x, gated)
+    assert not verdict and reason in verdict.reason
+
+
+def test_xpu_activation_predicates_decline_cpu_and_unknown_approximation(xpu_act):
+    x = torch.randn(4, 64, dtype=BF16)
+    assert xpu_act.rules(torch.randn(2, 3, 7, dtype=F16), gated=False) is True
+    assert xpu_act.relu2_supports(x).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    assert "approximate='erf'" in xpu_act.gelu_and_mul_supports(x, "erf").reason
+
+
+XPU_CASES = [
+    ("silu_and_mul", {}, "silu_and_mul"),
+    ("mul_and_silu", {}, "mul_and_silu"),
+    ("gelu_and_mul", {}, "gelu_and_mul"),
+    ("gelu_and_mul", {"approximate": "tanh"}, "gelu_tanh_and_mul"),
+    ("fatrelu_and_mul", {"threshold": 0.5}, "fatrelu_and_mul"),
+    ("swigluoai_and_mul", {}, "swigluoai_and_mul"),
+    ("swigluoai_and_mul", {"alpha": 1.0, "limit": 3.0}, "swigluoai_and_mul"),
+    ("gelu_new", {}, "gelu_new"),
+    ("gelu_fast", {}, "gelu_fast"),
+    ("quick_gelu", {}, "gelu_quick"),
+    ("relu2", {}, "relu2"),
+]
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+@pytest.mark.parametrize(("op_name", "options", "function"), XPU_CASES)
+def test_xpu_activation_calls_the_vendor_function(xpu_double, op_name, options, function, dtype):
+    op = vllm_ir.ops.__getattr__(op_name)
+    args = op.generate_inputs((3, 64), dtype, **options)
+    out = op.impls["xpu_kernels"].fn(*args)
+    (call,) = xpu_double.CALLS
+    assert call["fn"] == function and call["input"] is args[0] and call["out"] is out
+    for name in ("alpha", "limit", "threshold"):
+        if name in options:
+            assert call[name] == options[name]
+    atol, rtol = op.tolerance(dtype)
+    torch.testing.assert_close(out, op.fn(*args), atol=atol, rtol=rtol)
+
+
+def test_xpu_fatrelu_passes_the_threshold_as_pytorch_on_xpu_rounds_it(xpu_double, xpu_act):
+    gate = torch.tensor([[0.10009765625, 0.5, -1.0, 0.099609375]], dtype=BF16)  # [0] is bf16(0.1)
+    out = vllm_ir.ops.fatrelu_and_mul.impls["xpu_kernels"].fn(torch.cat([gate, torch.ones_like(gate)], -1), 0.1)
+    assert xpu_double.CALLS[0]["threshold"] == 0.10009765625  # bf16(0.1): what F.threshold compares on XPU
+    assert out.tolist() == [[0.0, 0.5, 0.0, 0.0]]
+    assert xpu_act.as_dtype(0.1, torch.float32) == torch.tensor(0.1).item()
+    assert xpu_act.as_dtype(1e6, F16) == float("inf") and xpu_act.as_dtype(-1e300, torch.float32) == -float("inf")
+
+
+def test_xpu_activation_hides_the_vendor_mutation_marks_from_compiled_graphs(xpu_double):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4, 64)
+    gm = make_fx(lambda x: vllm_ir.ops.fatrelu_and_mul.impls["xpu_kernels"].fn(x, 0.5), tracing_mode="fake")(x)
+    calls = [(n.target, n.args[1:]) for n in gm.graph.nodes if n.op == "call_function"]
+    assert calls == [(torch.ops.vllm_ir_xpu_kernels.activation.default, ("fatrelu_and_mul", [0.5]))]
+    assert torch.ops._C.fatrelu_and_mul.default._schema.arguments[1].alias_info.is_write  # the vendor's mark
+    assert xpu_double.CALLS == []
+
+
+def test_xpu_activation_copies_misaligned_views_and_skips_empty_calls(xpu_double):
+    impl = vllm_ir.ops.mul_and_silu.impls["xpu_kernels"]
+    x = torch.randn(3 * 16 + 2)[2:].view(3, 16)
+    assert x.data_ptr() % 16 != 0
+    out = impl.fn(x)
+    assert xpu_double.CALLS[0]["input"].data_ptr() % 16 == 0
+    torch.testing.assert_close(out, vllm_ir.ops.mul_and_silu.fn(x))
+    assert impl.fn(torch.randn(0, 16)).shape == (0, 8) and len(xpu_double.CALLS) == 1
+
+
+def test_xpu_activation_uses_old_names_and_declines_missing_functions(xpu_double, xpu_act, monkeypatch):
+    from types import SimpleNamespace
+
+    old_release = SimpleNamespace(relu2_no_mul=torch.ops._C.relu2, silu_and_mul=torch.ops._C.silu_and_mul)
+    monkeypatch.setattr(xpu_act, "_vendor_ops", lambda: old_release)
+    monkeypatch.setattr(xpu_act, "_on_xpu", lambda x: True)  # stand in for an XPU tensor
+    x = torch.randn(2, 16)
+    assert xpu_act.vendor_name("relu2") == "relu2_no_mul"
+    assert xpu_act.relu2_supports(x) is True
+    verdict = xpu_act.swigluoai_and_mul_supports(x)
+    assert verdict.reason == "the installed vllm-xpu-kernels has no swigluoai_and_mul: upgrade it"
+    torch.testing.assert_close(vllm_ir.ops.relu2.impls["xpu_kernels"].fn(x), vllm_ir.ops.relu2.fn(x))

@@ -1,4 +1,5 @@
-"""Provider ``aiter``: AMD AITER's RMSNorm kernels behind ``vllm_ir_aiter`` custom ops (ROCm only).
+"""Provider ``aiter``: AMD AITER's RMSNorm and activation kernels behind ``vllm_ir_aiter`` custom ops
+(ROCm only; the activations are registered by ``activation.py``).
 
 Loading this module never imports AITER: availability is decided from torch's build, the
 visible GPU and whether the ``aiter`` package can be found, and the vendor module is
@@ -92,4 +93,6 @@ def vllm_ir_default_priority(platform, mode):
     return None
 
 
-__all__ = ["ops"]
+from vllm_ir_provider_aiter import activation  # noqa: E402  (registers the activations; needs the above)
+
+__all__ = ["activation", "ops"]

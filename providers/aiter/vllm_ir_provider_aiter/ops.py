@@ -6,6 +6,14 @@ ROCm path; checked against ROCm/aiter ``aiter/ops/rmsnorm.py`` as of 2026):
 - ``aiter.rmsnorm2d_fwd(input, weight, epsilon, use_model_sensitive_rmsnorm=0) -> Tensor``
 - ``aiter.rmsnorm2d_fwd_with_add(out, input, residual_in, residual_out, weight, epsilon, ...)``
   (writes ``out`` and ``residual_out``).
+
+and AITER's activations (``aiter/ops/activation.py``, re-exported by ``aiter``; checked
+against the 2026 tree), each writing a caller-allocated ``out``:
+
+- ``aiter.silu_and_mul(out, input)`` / ``gelu_and_mul`` / ``gelu_tanh_and_mul``: ``input``
+  is ``[..., 2d]`` with the gate first, ``out`` ``[..., d]`` (newer releases add an optional
+  ``limit`` clamp to ``silu_and_mul``; it is left at its default 0, no clamp);
+- ``aiter.gelu_fast(out, input)`` (elementwise; recent releases only).
 """
 
 from __future__ import annotations
@@ -20,6 +28,12 @@ def _aiter():
     import aiter  # imported on first real call only: never at provider discovery
 
     return aiter
+
+
+@functools.cache
+def has_function(name: str) -> bool:
+    """Whether the installed AITER exports ``name`` (imports AITER: called on the GPU path only)."""
+    return callable(getattr(_aiter(), name, None))
 
 
 @functools.cache
@@ -56,3 +70,45 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, epsil
 @fused_add_rms_norm.register_fake
 def _(x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float) -> tuple[Tensor, Tensor]:
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(residual)
+
+
+#: The vendor's gated entry points, by the name `act_and_mul` takes.
+GATED_FUNCTIONS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+
+
+def aligned(x: Tensor) -> Tensor:
+    """``x``, or a copy of it when its first element is not 16-byte aligned.
+
+    AITER's kernels read (and gelu_fast writes) 16-byte vectors from the data pointer; a view
+    starting mid-allocation could be misaligned. Fresh allocations always are aligned.
+    """
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+@torch.library.custom_op("vllm_ir_aiter::act_and_mul", mutates_args=())
+def act_and_mul(x: Tensor, function: str) -> Tensor:
+    """``aiter.<function>(out, x)`` into a fresh ``out`` of shape ``[..., d]`` (x: ``[..., 2d]``)."""
+    if function not in GATED_FUNCTIONS:
+        raise ValueError(f"vllm_ir_aiter::act_and_mul: function must be one of {GATED_FUNCTIONS}, not {function!r}")
+    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+    if out.numel():
+        getattr(_aiter(), function)(out, aligned(x))
+    return out
+
+
+@act_and_mul.register_fake
+def _(x: Tensor, function: str) -> Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op("vllm_ir_aiter::gelu_fast", mutates_args=())
+def gelu_fast(x: Tensor) -> Tensor:
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if out.numel():
+        _aiter().gelu_fast(out, aligned(x))
+    return out
+
+
+@gelu_fast.register_fake
+def _(x: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

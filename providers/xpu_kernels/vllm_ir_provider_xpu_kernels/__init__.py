@@ -1,4 +1,6 @@
-"""Provider ``xpu_kernels``: Intel's vllm-xpu-kernels RMSNorm (SYCL) on XPU devices.
+"""Provider ``xpu_kernels``: Intel's vllm-xpu-kernels RMSNorm and activations (SYCL) on XPU devices.
+
+The activations are registered by ``activation.py``.
 
 ``import vllm_xpu_kernels._C`` registers ``torch.ops._C.rms_norm(out, input, weight, eps)``
 and ``torch.ops._C.fused_add_rms_norm(input, residual, weight, eps)`` (in place); they are
@@ -101,3 +103,8 @@ def vllm_ir_default_priority(platform, mode):
     if platform.name == "xpu" and mode == "eager":
         return {op: [PROVIDER] for op in vllm_ir.ops_implemented_by(PROVIDER)}
     return None
+
+
+from vllm_ir_provider_xpu_kernels import activation  # noqa: E402  (registers the activations; needs the above)
+
+__all__ = ["activation"]

@@ -1,4 +1,15 @@
-"""Gated activations (``silu_and_mul``) in Triton; the kernels are in ``kernels/activation.py``."""
+"""The activation catalogue in Triton; the kernels are in ``kernels/activation.py``.
+
+Every implementation is registered ``batch_invariant``: each output element is computed from
+its own inputs alone, whatever the number of rows. ``exact=True`` (bit-identical to native,
+held to zero tolerance by the conformance kit) only where the arithmetic is exact on every
+back-end: ``fatrelu_and_mul`` (a comparison and one multiply) and ``relu2`` (one multiply).
+The others go through exp or erf, whose implementations differ in the last bit between
+PyTorch, Triton's GPU libraries and the interpreter's numpy: they meet the op's tolerances.
+
+Predicates read dtypes, devices, the number of dimensions, the last dimension and the layout
+class (contiguous, 2-D unit inner stride, other) and scalar arguments, never the batch size.
+"""
 
 from __future__ import annotations
 
@@ -12,31 +23,126 @@ PROVIDER = "triton"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def gated_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    """A row layout the kernel indexes: even last dimension, contiguous or unit-inner-stride 2-D rows."""
+def _device_and_dtype(x: Tensor) -> bool | vllm_ir.Unsupported:
     if x.dtype not in _DTYPES:
         return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
-    if x.dim() == 0:
-        return vllm_ir.Unsupported("x is 0-d")
-    if x.shape[-1] % 2:
-        return vllm_ir.Unsupported(f"last dimension {x.shape[-1]} is odd (gate and up halves differ in size)")
-    if not x.is_contiguous() and not (x.dim() == 2 and x.stride(-1) == 1):
-        return vllm_ir.Unsupported("x must be contiguous, or 2-D rows with a unit inner stride")
-    if x.device.type == "cpu" and not interpreting():
-        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
     if x.device.type not in ("cpu", "cuda", "xpu"):
         return vllm_ir.Unsupported(f"x is on {x.device.type}; Triton runs on GPUs (or CPU when interpreting)")
+    if x.device.type == "cpu" and not interpreting():
+        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
     return True
 
 
-if SUPPORTED:
-    from vllm_ir_provider_triton.kernels.activation import silu_and_mul_out
+def _rows_layout(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if not x.is_contiguous() and not (x.dim() == 2 and x.stride(-1) == 1):
+        return vllm_ir.Unsupported("x must be contiguous, or 2-D rows with a unit inner stride")
+    return True
 
-    @vllm_ir.ops.silu_and_mul.register_impl(PROVIDER, supports_args=gated_supports)
-    def silu_and_mul(x):
-        out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
-        silu_and_mul_out(out, x)
+
+def gated_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    """A row layout the gated kernel indexes: even last dimension, contiguous or unit-inner-stride 2-D rows."""
+    if x.dim() == 0:
+        return vllm_ir.Unsupported("x is 0-d (gated ops split the last dimension)")
+    if x.shape[-1] % 2:
+        return vllm_ir.Unsupported(f"last dimension {x.shape[-1]} is odd (gate and up halves differ in size)")
+    return _device_and_dtype(x) and _rows_layout(x)
+
+
+def elementwise_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    """Any shape, contiguous (one flat row) or 2-D rows with a unit inner stride."""
+    return _device_and_dtype(x) and _rows_layout(x)
+
+
+def gelu_and_mul_supports(x: Tensor, approximate: str = "none") -> bool | vllm_ir.Unsupported:
+    if approximate not in ("none", "tanh"):
+        return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
+    return gated_supports(x)
+
+
+def fatrelu_and_mul_supports(x: Tensor, threshold: float = 0.0) -> bool | vllm_ir.Unsupported:
+    return gated_supports(x)
+
+
+def swigluoai_and_mul_supports(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> bool | vllm_ir.Unsupported:
+    return gated_supports(x)
+
+
+def _gated_out(x: Tensor) -> Tensor:
+    return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+
+
+if SUPPORTED:
+    from vllm_ir_provider_triton.kernels import activation as k
+    from vllm_ir_provider_triton.kernels.activation import elementwise_activation_out, gated_activation_out
+
+    def _gated(x: Tensor, activation: int, layout: int, p0: float = 0.0, p1: float = 0.0) -> Tensor:
+        out = _gated_out(x)
+        gated_activation_out(out, x, activation, layout, p0, p1)
         return out
 
+    def _elementwise(x: Tensor, activation: int) -> Tensor:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        elementwise_activation_out(out, x, activation)
+        return out
+
+    @vllm_ir.ops.silu_and_mul.register_impl(PROVIDER, supports_args=gated_supports, batch_invariant=True)
+    def silu_and_mul(x: Tensor) -> Tensor:
+        return _gated(x, k.SILU.value, k.GATE_FIRST.value)
+
+    @vllm_ir.ops.mul_and_silu.register_impl(PROVIDER, supports_args=gated_supports, batch_invariant=True)
+    def mul_and_silu(x: Tensor) -> Tensor:
+        return _gated(x, k.SILU.value, k.GATE_SECOND.value)
+
+    @vllm_ir.ops.gelu_and_mul.register_impl(PROVIDER, supports_args=gelu_and_mul_supports, batch_invariant=True)
+    def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+        if approximate not in ("none", "tanh"):
+            raise ValueError(
+                f"gelu_and_mul (provider triton): approximate must be 'none' or 'tanh', not {approximate!r}"
+            )
+        return _gated(x, (k.GELU if approximate == "none" else k.GELU_TANH).value, k.GATE_FIRST.value)
+
+    # F.threshold compares x with the threshold as float32 on CPU, and with the threshold
+    # rounded to x's dtype on CUDA and XPU (they differ for e.g. 0.1 in bfloat16): the kernel
+    # compares as native does on x's device, so it is exact on both.
+    @vllm_ir.ops.fatrelu_and_mul.register_impl(
+        PROVIDER, supports_args=fatrelu_and_mul_supports, batch_invariant=True, exact=True
+    )
+    def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
+        activation = k.FATRELU if x.device.type == "cpu" else k.FATRELU_DTYPE_THRESHOLD
+        return _gated(x, activation.value, k.GATE_FIRST.value, float(threshold))
+
+    @vllm_ir.ops.swigluoai_and_mul.register_impl(
+        PROVIDER, supports_args=swigluoai_and_mul_supports, batch_invariant=True
+    )
+    def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+        return _gated(x, k.SWIGLUOAI.value, k.INTERLEAVED.value, float(alpha), float(limit))
+
+    @vllm_ir.ops.gelu_new.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True)
+    def gelu_new(x: Tensor) -> Tensor:
+        return _elementwise(x, k.GELU_NEW.value)
+
+    @vllm_ir.ops.gelu_fast.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True)
+    def gelu_fast(x: Tensor) -> Tensor:
+        return _elementwise(x, k.GELU_FAST.value)
+
+    @vllm_ir.ops.quick_gelu.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True)
+    def quick_gelu(x: Tensor) -> Tensor:
+        return _elementwise(x, k.QUICK_GELU.value)
+
+    @vllm_ir.ops.relu2.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True, exact=True)
+    def relu2(x: Tensor) -> Tensor:
+        return _elementwise(x, k.RELU2.value)
+
 else:
-    vllm_ir.ops.silu_and_mul.register_unsupported(PROVIDER, SUPPORTED)
+    for _op in (
+        vllm_ir.ops.silu_and_mul,
+        vllm_ir.ops.mul_and_silu,
+        vllm_ir.ops.gelu_and_mul,
+        vllm_ir.ops.fatrelu_and_mul,
+        vllm_ir.ops.swigluoai_and_mul,
+        vllm_ir.ops.gelu_new,
+        vllm_ir.ops.gelu_fast,
+        vllm_ir.ops.quick_gelu,
+        vllm_ir.ops.relu2,
+    ):
+        _op.register_unsupported(PROVIDER, SUPPORTED)

@@ -1,4 +1,5 @@
-"""TEST DOUBLE of AMD AITER's RMSNorm entry points (not AITER): records calls, computes with torch."""
+"""TEST DOUBLE of AMD AITER's RMSNorm and activation entry points (not AITER): records calls,
+checks the layout contract the real kernels rely on, computes with torch on CPU."""
 
 from __future__ import annotations
 
@@ -28,3 +29,46 @@ def rmsnorm2d_fwd_with_add(out, input, residual_in, residual_out, weight, epsilo
     total = input.float() + residual_in.float()
     residual_out.copy_(total)
     out.copy_((total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + epsilon)).to(out.dtype) * weight)
+
+
+# -- activations (aiter/ops/activation.py): out-parameter calls, gate first, contiguous rows ----
+
+
+def _check_gated(fn: str, out: torch.Tensor, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract AITER's act_and_mul kernel relies on; returns (gate, up) in float32."""
+    assert input.is_contiguous(), f"{fn}: AITER addresses row t at t * 2d (contiguous input)"
+    assert input.data_ptr() % 16 == 0, f"{fn}: AITER loads 16-byte vectors from the input"
+    assert out.is_contiguous() and out.dtype == input.dtype, f"{fn}: out must be contiguous, of input's dtype"
+    d = input.shape[-1] // 2
+    assert out.shape == (*input.shape[:-1], d), f"{fn}: out {tuple(out.shape)} for input {tuple(input.shape)}"
+    assert input.numel() > 0, f"{fn}: AITER's launch divides by the row length and launches one block per row"
+    return input[..., :d].float(), input[..., d:].float()
+
+
+def _gated(fn: str, act, out: torch.Tensor, input: torch.Tensor) -> None:
+    CALLS.append({"fn": fn, "out": out, "input": input})
+    gate, up = _check_gated(fn, out, input)
+    out.copy_((act(gate) * up).to(out.dtype))  # AITER keeps fp32 through the multiply
+
+
+def silu_and_mul(out, input, limit=0.0):
+    assert limit == 0.0, "the wrapper never asks for AITER's limit clamp"
+    _gated("silu_and_mul", torch.nn.functional.silu, out, input)
+
+
+def gelu_and_mul(out, input):
+    _gated("gelu_and_mul", torch.nn.functional.gelu, out, input)
+
+
+def gelu_tanh_and_mul(out, input):
+    _gated("gelu_tanh_and_mul", lambda g: torch.nn.functional.gelu(g, approximate="tanh"), out, input)
+
+
+def gelu_fast(out, input):
+    CALLS.append({"fn": "gelu_fast", "out": out, "input": input})
+    assert input.dtype in (torch.float16, torch.bfloat16), "AITER's gelu_fast dispatches fp16/bf16 only"
+    assert input.is_contiguous() and out.is_contiguous() and out.shape == input.shape and out.dtype == input.dtype
+    assert input.numel() % 8 == 0, "AITER's gelu_fast reads whole vectors: numel must be a multiple of 8"
+    assert input.data_ptr() % 16 == 0, "gelu_fast: AITER loads 16-byte vectors from the input"
+    f = input.float()
+    out.copy_((0.5 * f * (1.0 + torch.tanh(0.7978845608 * f * (1.0 + 0.044715 * f * f)))).to(out.dtype))

@@ -1,0 +1,229 @@
+"""vllm-xpu-kernels' activations: the whole catalogue, each op through one vendor function.
+
+``import vllm_xpu_kernels._C`` registers (``csrc/torch_bindings.cpp``, checked against the 2026
+tree) ``torch.ops._C.<name>(out, input[, params])`` writing a caller-allocated ``out``:
+``silu_and_mul``, ``mul_and_silu``, ``gelu_and_mul``, ``gelu_tanh_and_mul``,
+``fatrelu_and_mul(out, input, threshold)``, ``swigluoai_and_mul(out, input, alpha, limit)``
+(interleaved gate/up, as the op), ``gelu_new``, ``gelu_fast``, ``gelu_quick`` and ``relu2``
+(``relu2_no_mul`` in older releases). Older releases lack some of them: a predicate declines
+an op whose function the installed package does not register, with that reason.
+
+Every call goes through ``torch.ops.vllm_ir_xpu_kernels.activation``, a functional custom op:
+the vendor schemas mark ``input`` as written for ``fatrelu_and_mul`` and the old
+``relu2_no_mul`` (the kernels only read it), which a compiled graph must not see as a
+mutation of the activation. Inside it, empty inputs skip the launch and a view whose first
+element is not 16-byte aligned is copied (the gated kernels load aligned vectors).
+
+Kernels address row ``t`` at ``t * row length``: inputs must be contiguous. They compute in
+float32 and round to x's dtype (the gated ones round the activation first, as vLLM does);
+``fatrelu_and_mul`` returns 0 where the gate is NaN (native keeps NaN).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir_provider_xpu_kernels import PROVIDER, SUPPORTED, _on_xpu, _vendor_ops
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Vendor function -> whether it is gated ([..., 2d] -> [..., d]).
+FUNCTIONS: dict[str, bool] = {
+    "silu_and_mul": True,
+    "mul_and_silu": True,
+    "gelu_and_mul": True,
+    "gelu_tanh_and_mul": True,
+    "fatrelu_and_mul": True,
+    "swigluoai_and_mul": True,
+    "gelu_new": False,
+    "gelu_fast": False,
+    "gelu_quick": False,
+    "relu2": False,
+}
+#: Names a function had in older releases.
+_OLD_NAMES = {"relu2": "relu2_no_mul"}
+#: The gated kernels load vectors of up to 16 bytes from the data pointer.
+_ALIGNMENT = 16
+
+
+def vendor_name(function: str) -> str | None:
+    """The name under which the installed vllm-xpu-kernels registers ``function``, if it does."""
+    ops = _vendor_ops()
+    for name in (function, _OLD_NAMES.get(function)):
+        if name is not None and hasattr(ops, name):
+            return name
+    return None
+
+
+@torch.library.custom_op("vllm_ir_xpu_kernels::activation", mutates_args=())
+def activation(x: Tensor, function: str, params: list[float]) -> Tensor:
+    """``torch.ops._C.<function>(out, x, *params)`` into a fresh ``out``."""
+    if function not in FUNCTIONS:
+        raise ValueError(f"vllm_ir_xpu_kernels::activation: unknown function {function!r} (one of {sorted(FUNCTIONS)})")
+    out = _new_out(x, function)
+    if out.numel() == 0:  # the launch math divides by the row length; nothing to compute anyway
+        return out
+    name = vendor_name(function)
+    if name is None:
+        raise RuntimeError(f"vllm_ir_xpu_kernels::activation: the installed vllm-xpu-kernels has no {function}")
+    if (x.data_ptr() % _ALIGNMENT) != 0:
+        x = x.clone()
+    getattr(_vendor_ops(), name)(out, x, *params)
+    return out
+
+
+@activation.register_fake
+def _(x: Tensor, function: str, params: list[float]) -> Tensor:
+    return _new_out(x, function)
+
+
+def _new_out(x: Tensor, function: str) -> Tensor:
+    shape = (*x.shape[:-1], x.shape[-1] // 2) if FUNCTIONS[function] else x.shape
+    return x.new_empty(shape)
+
+
+def as_dtype(value: float, dtype: torch.dtype) -> float:
+    """``value`` as a tensor of ``dtype`` would hold it (via float32, to nearest even).
+
+    Plain Python, so it also runs while a compiled graph is traced. PyTorch's XPU (and CUDA)
+    ``F.threshold`` rounds the threshold so; the vendor kernel compares in float32, so
+    ``fatrelu_and_mul`` hands it the rounded threshold and agrees with native on every gate.
+    """
+    try:
+        (f32,) = struct.unpack("<f", struct.pack("<f", value))
+    except OverflowError:
+        f32 = math.copysign(math.inf, value)
+    if dtype == torch.float32 or not math.isfinite(f32):
+        return f32
+    if dtype == torch.float16:
+        try:
+            (half,) = struct.unpack("<e", struct.pack("<e", f32))
+        except OverflowError:
+            half = math.copysign(math.inf, f32)
+        return half
+    if dtype == torch.bfloat16:
+        (bits,) = struct.unpack("<I", struct.pack("<f", f32))
+        bits = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16) & 0xFFFFFFFF
+        (rounded,) = struct.unpack("<f", struct.pack("<I", bits))
+        return rounded
+    raise ValueError(f"as_dtype: {dtype} is not float32, float16 or bfloat16")
+
+
+def rules(x: Tensor, gated: bool) -> bool | vllm_ir.Unsupported:
+    """The kernels' argument rules, independent of the device (unit-tested on CPU tensors)."""
+    if x.dtype not in DTYPES:
+        return vllm_ir.Unsupported(f"vllm-xpu-kernels' activations take float32/float16/bfloat16, not {x.dtype}")
+    if x.dim() == 0:
+        return vllm_ir.Unsupported("x is 0-d (the kernels take rows of the last dimension)")
+    if x.shape[-1] == 0:
+        return vllm_ir.Unsupported("last dimension is 0 (the kernels divide by the row length)")
+    if gated and x.shape[-1] % 2:
+        return vllm_ir.Unsupported(f"last dimension {x.shape[-1]} is odd (gate and up halves differ in size)")
+    if not x.is_contiguous():
+        return vllm_ir.Unsupported("x must be contiguous: the kernels address row t at t * row length")
+    return True
+
+
+def _supports(x: Tensor, function: str) -> bool | vllm_ir.Unsupported:
+    verdict = _on_xpu(x) and rules(x, FUNCTIONS[function])
+    if verdict and vendor_name(function) is None:
+        return vllm_ir.Unsupported(f"the installed vllm-xpu-kernels has no {function}: upgrade it")
+    return verdict
+
+
+def silu_and_mul_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    return _supports(x, "silu_and_mul")
+
+
+def mul_and_silu_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    return _supports(x, "mul_and_silu")
+
+
+def gelu_and_mul_supports(x: Tensor, approximate: str = "none") -> bool | vllm_ir.Unsupported:
+    if approximate not in ("none", "tanh"):
+        return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
+    return _supports(x, "gelu_and_mul" if approximate == "none" else "gelu_tanh_and_mul")
+
+
+def fatrelu_and_mul_supports(x: Tensor, threshold: float = 0.0) -> bool | vllm_ir.Unsupported:
+    return _supports(x, "fatrelu_and_mul")
+
+
+def swigluoai_and_mul_supports(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> bool | vllm_ir.Unsupported:
+    return _supports(x, "swigluoai_and_mul")
+
+
+def gelu_new_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    return _supports(x, "gelu_new")
+
+
+def gelu_fast_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    return _supports(x, "gelu_fast")
+
+
+def quick_gelu_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    return _supports(x, "gelu_quick")
+
+
+def relu2_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    return _supports(x, "relu2")
+
+
+def _call(x: Tensor, function: str, *params: float) -> Tensor:
+    return torch.ops.vllm_ir_xpu_kernels.activation(x, function, [float(p) for p in params])
+
+
+_register = {"provider": PROVIDER, "supported": SUPPORTED}
+
+
+@vllm_ir.ops.silu_and_mul.register_impl(**_register, supports_args=silu_and_mul_supports)
+def silu_and_mul(x: Tensor) -> Tensor:
+    return _call(x, "silu_and_mul")
+
+
+@vllm_ir.ops.mul_and_silu.register_impl(**_register, supports_args=mul_and_silu_supports)
+def mul_and_silu(x: Tensor) -> Tensor:
+    return _call(x, "mul_and_silu")
+
+
+@vllm_ir.ops.gelu_and_mul.register_impl(**_register, supports_args=gelu_and_mul_supports)
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(
+            f"gelu_and_mul (provider xpu_kernels): approximate must be 'none' or 'tanh', not {approximate!r}"
+        )
+    return _call(x, "gelu_and_mul" if approximate == "none" else "gelu_tanh_and_mul")
+
+
+@vllm_ir.ops.fatrelu_and_mul.register_impl(**_register, supports_args=fatrelu_and_mul_supports)
+def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
+    return _call(x, "fatrelu_and_mul", as_dtype(threshold, x.dtype))
+
+
+@vllm_ir.ops.swigluoai_and_mul.register_impl(**_register, supports_args=swigluoai_and_mul_supports)
+def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+    return _call(x, "swigluoai_and_mul", alpha, limit)
+
+
+@vllm_ir.ops.gelu_new.register_impl(**_register, supports_args=gelu_new_supports)
+def gelu_new(x: Tensor) -> Tensor:
+    return _call(x, "gelu_new")
+
+
+@vllm_ir.ops.gelu_fast.register_impl(**_register, supports_args=gelu_fast_supports)
+def gelu_fast(x: Tensor) -> Tensor:
+    return _call(x, "gelu_fast")
+
+
+@vllm_ir.ops.quick_gelu.register_impl(**_register, supports_args=quick_gelu_supports)
+def quick_gelu(x: Tensor) -> Tensor:
+    return _call(x, "gelu_quick")
+
+
+@vllm_ir.ops.relu2.register_impl(**_register, supports_args=relu2_supports)
+def relu2(x: Tensor) -> Tensor:
+    return _call(x, "relu2")
