@@ -8,9 +8,12 @@ architecture only (a minute or two), unless it is already built with CUDA kernel
    without weight, row-strided views; the fused op in both forms (``op(...)``: the
    out-of-place kernel, ``maybe_inplace``: the in-place one on the donated tensors), which
    must agree bit for bit;
+   the activation ops (gated and elementwise, every scalar variant, remainders, row-strided
+   gated inputs, non-contiguous elementwise inputs, NaN and inf) against native within the
+   ops' tolerances;
 2. bandwidth: [T, hidden] for several T, the vllm_c torch ops (preallocated outputs; the fused
-   op in place and out of place) against native eager and ``copy_`` of the same bytes,
-   CUDA-event timed.
+   op in place and out of place; the activations) against native eager and ``copy_`` of the
+   same bytes, CUDA-event timed.
 
     python benchmarks/vllm_c_cuda_check.py [--no-build] [--hidden 4096]
 
@@ -90,13 +93,60 @@ def check_correctness(vllm_ir) -> int:
     return failures
 
 
+#: Activation ops and the scalar arguments each is checked with.
+ACTIVATION_CALLS = {
+    "silu_and_mul": [()],
+    "mul_and_silu": [()],
+    "gelu_and_mul": [("none",), ("tanh",)],
+    "fatrelu_and_mul": [(0.0,), (0.5,)],
+    "swigluoai_and_mul": [(1.702, 7.0), (1.0, 3.0)],
+    "gelu_new": [()],
+    "gelu_fast": [()],
+    "quick_gelu": [()],
+    "relu2": [()],
+}
+GATED = ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul")
+
+
+def check_activations(vllm_ir) -> int:
+    failures = 0
+    for name, calls in ACTIVATION_CALLS.items():
+        op = getattr(vllm_ir.ops, name)
+        gated = name in GATED
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            atol, rtol = op.tolerance(dtype)
+            inputs = []
+            for tokens, width in ((1, 7), (3, 64), (64, 4096), (257, 4099)):
+                inputs.append(
+                    (f"[{tokens}, {width}]", 3 * torch.randn(tokens, width * (2 if gated else 1), device="cuda"))
+                )
+            wide = 3 * torch.randn(16, 2 * 1000 + 6, device="cuda")
+            inputs.append(("row-strided", wide[:, 3 : 3 + (2000 if gated else 1000)]))
+            if not gated:
+                inputs.append(("transposed", wide[:, :1000].t()))
+                inputs.append(("stride 3", wide[:, ::3]))
+            special = 3 * torch.randn(4, 2 * 72 if gated else 72, device="cuda")
+            special[:, :7] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e4, -1e4])
+            inputs.append(("nan/inf", special))
+            for label, x32 in inputs:
+                x = x32.to(dtype)
+                for scalars in calls:
+                    args = (x, *scalars)
+                    with vllm_ir.priority(**{name: ["vllm_c"]}):
+                        chosen = (op.dispatch(*args).provider,)
+                        got = [op(*args)]
+                    want = [op.fn(*args)]
+                    failures += _compare(f"{name}{scalars} {dtype} {label}", chosen, got, want, atol, rtol)
+    return failures
+
+
 def _compare(name, chosen, got, want, atol, rtol) -> int:
     if set(chosen) != {"vllm_c"}:
         print(f"FAIL {name}: dispatch chose {chosen}")
         return 1
     for g, w in zip(got, want, strict=True):
         try:
-            torch.testing.assert_close(g, w, atol=atol, rtol=rtol)
+            torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)
         except AssertionError as e:
             print(f"FAIL {name}: {str(e).splitlines()[0]}")
             return 1
@@ -143,7 +193,27 @@ def _cases(vllm_ir, tokens: int, hidden: int, dtype: torch.dtype) -> dict:
             lambda: dst2.copy_(src2),
             2 * nbytes,
         ),
+        **_activation_cases(vllm_ir, tokens, hidden, dtype),
     }
+
+
+def _activation_cases(vllm_ir, tokens: int, hidden: int, dtype: torch.dtype) -> dict:
+    cases = {}
+    for name, calls in ACTIVATION_CALLS.items():
+        op, kernel = getattr(vllm_ir.ops, name), getattr(torch.ops.vllm_ir_c, name).default
+        x = torch.randn(tokens, 2 * hidden if name in GATED else hidden, device="cuda").to(dtype)
+        out = torch.empty(tokens, hidden, device="cuda", dtype=dtype)
+        moved = (x.numel() + out.numel()) * x.element_size()
+        src = torch.empty(moved // 2 // x.element_size(), device="cuda", dtype=dtype)
+        dst = torch.empty_like(src)
+        args = (x, *calls[0])
+        cases[name] = (
+            lambda op=op, args=args: op.fn(*args),
+            lambda kernel=kernel, out=out, args=args: kernel(out, *args),
+            lambda src=src, dst=dst: dst.copy_(src),
+            moved,
+        )
+    return cases
 
 
 def measure_bandwidth(vllm_ir, hidden: int) -> None:
@@ -186,7 +256,7 @@ def main() -> int:
     if not (provider.STATUS.loaded and provider.STATUS.cuda_kernels):
         print("vllm_c has no CUDA kernels in this build")
         return 1
-    failures = check_correctness(vllm_ir)
+    failures = check_correctness(vllm_ir) + check_activations(vllm_ir)
     print(f"correctness: {'all passed' if failures == 0 else f'{failures} FAILED'}")
     measure_bandwidth(vllm_ir, args.hidden)
     return 1 if failures else 0

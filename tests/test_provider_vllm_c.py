@@ -66,9 +66,16 @@ def test_impls_are_registered_and_survive_the_registry_snapshot():
 
 def test_default_priority_puts_vllm_c_first_in_eager_mode_only():
     contribution = provider.vllm_ir_default_priority(platforms.CPU, "eager")
-    assert contribution == {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"], "silu_and_mul": ["vllm_c"]}
+    activations = ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul"]
+    activations += ["gelu_new", "gelu_fast", "quick_gelu", "relu2"]
+    assert contribution == {
+        "rms_norm": ["vllm_c"],
+        "fused_add_rms_norm": ["vllm_c"],
+        **{a: ["vllm_c"] for a in activations},
+    }
     # The core's CUDA and ROCm platforms name no provider: vllm_c states its place itself,
-    # for the ops it has CUDA kernels of (silu_and_mul is CPU only).
+    # for the ops it has measured CUDA kernels of (the activations' CUDA kernels are not
+    # measured yet: benchmarks/vllm_c_cuda_check.py on a GPU machine).
     for gpu in (platforms.CUDA, platforms.ROCM):
         assert provider.vllm_ir_default_priority(gpu, "eager") == {
             "fused_add_rms_norm": ["vllm_c"],
@@ -642,3 +649,215 @@ def test_compile_facts_name_the_build_and_the_library_file():
     assert (size, mtime) == (stat.st_size, stat.st_mtime_ns)
     rebuilt = _extension.ExtensionStatus(True, None, False, torch.__version__, __file__)  # another file
     assert _extension.compile_facts(rebuilt)["vllm_c.library"] != facts["vllm_c.library"]
+
+
+# ---------------------------------------------------------------------------------------
+# activations (csrc/cpu/activation.cpp): what the conformance kit does not see
+
+from vllm_ir_provider_vllm_c import activation as act_family  # noqa: E402
+
+GATED_OPS = [getattr(vllm_ir.ops, n) for n in act_family.GATED]
+ELEMENTWISE_OPS = [getattr(vllm_ir.ops, n) for n in act_family.ELEMENTWISE]
+#: Scalar arguments per gated op (besides the defaults): the variants the tests run.
+GATED_CALLS = {
+    "silu_and_mul": [()],
+    "mul_and_silu": [()],
+    "gelu_and_mul": [("none",), ("tanh",)],
+    "fatrelu_and_mul": [(0.0,), (0.1,)],
+    "swigluoai_and_mul": [(1.702, 7.0), (1.0, 3.0)],
+}
+
+
+def test_activation_impls_registered_with_their_claims():
+    cuda_built = provider.STATUS.cuda_kernels and torch.version.hip is None
+    for op in (*GATED_OPS, *ELEMENTWISE_OPS):
+        impl = op.impls["vllm_c"]
+        assert impl.batch_invariant and not impl.inplace, op.name
+        assert impl.exact == (op.name in act_family.EXACT_ON_CPU and not cuda_built), op.name
+
+
+def _with_vllm_c(op, args):
+    with vllm_ir.priority(**{op.name: ["vllm_c"]}):
+        assert op.dispatch(*args).provider == "vllm_c", op.name
+        return op(*args)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_activations_propagate_nan_and_inf_like_native(dtype):
+    """NaN and +-inf in the vector body and in a row's scalar remainder (d = 70)."""
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e4, -1e4])
+    for op in (*GATED_OPS, *ELEMENTWISE_OPS):
+        gated = op in GATED_OPS
+        x = torch.randn(4, 140 if gated else 70)
+        x[0, : specials.numel()] = specials  # gate values (swigluoai: both halves interleaved)
+        x[1, -specials.numel() :] = specials  # up values (halves) / the tail
+        x[2, 60:67] = specials  # across the vector body / remainder boundary
+        x = x.to(dtype)
+        for scalars in GATED_CALLS.get(op.name, [()]):
+            args = (x, *scalars)
+            got, want = _with_vllm_c(op, args), op.fn(*args)
+            where = f"{op.name}{scalars} {dtype}"
+            assert torch.equal(got.isnan(), want.isnan()), where
+            assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[got.isinf()], want[want.isinf()]), where
+            atol, rtol = op.tolerance(dtype)
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True, msg=where)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 0.1, -1.25])
+def test_fatrelu_zeroes_gate_values_at_the_threshold(dtype, threshold):
+    """gate == threshold -> 0 (F.threshold compares x <= threshold in fp32); just above it stays."""
+    op = vllm_ir.ops.fatrelu_and_mul
+    d = 70  # 64 in the vector body, 6 in the scalar remainder
+    at = torch.tensor(threshold).to(dtype).float().item()  # the nearest value x can hold
+    above = torch.tensor(at).to(dtype).float().nextafter(torch.tensor(float("inf"))).to(dtype).float().item()
+    gate = torch.full((3, d), at)
+    gate[1] = torch.tensor(above).to(dtype).float()  # may round back to `at` in bf16/fp16: compare to native
+    gate[2, ::2] = threshold
+    x = torch.cat([gate, torch.full((3, d), 3.0)], dim=-1).to(dtype)
+    got, want = _with_vllm_c(op, (x, threshold)), op.fn(x, threshold)
+    assert torch.equal(got, want)
+    if at <= threshold:
+        assert (got[0] == 0).all(), "a gate value equal to the threshold must give 0"
+
+
+@needs_kernels
+def test_gelu_and_mul_rejects_a_bad_approximate_naming_op_and_provider():
+    x = torch.randn(2, 16)
+    with vllm_ir.priority(gelu_and_mul=["vllm_c"]):
+        with pytest.raises(
+            ValueError, match=r"gelu_and_mul \(provider vllm_c\): approximate must be 'none' or 'tanh', not 'erf'"
+        ):
+            vllm_ir.ops.gelu_and_mul(x, "erf")
+    with pytest.raises(ValueError, match="vllm_ir_c::gelu_and_mul: approximate must be 'none' or 'tanh', not 'fast'"):
+        torch.ops.vllm_ir_c.gelu_and_mul(torch.empty(2, 8), x, "fast")
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("alpha", "limit"), [(1.702, 7.0), (1.0, 3.0), (0.5, 0.25)])
+def test_swigluoai_clamps_gate_above_and_up_both_ways(dtype, alpha, limit):
+    op = vllm_ir.ops.swigluoai_and_mul
+    g = torch.Generator().manual_seed(1)
+    x = (4 * limit * torch.randn(5, 2 * 37, generator=g)).to(dtype)  # a third beyond +-limit, odd d
+    x[0, 0], x[0, 1] = 100.0, -100.0  # gate far above the limit, up far below -limit
+    got, want = _with_vllm_c(op, (x, alpha, limit)), op.fn(x, alpha, limit)
+    atol, rtol = op.tolerance(dtype)
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    # (clamp(up) + 1) * g * sigmoid(alpha g), with g = limit and clamp(up) = -limit, in x's dtype.
+    lim = torch.tensor(limit).to(dtype)
+    expected = (-lim + 1) * (lim * torch.sigmoid(lim * alpha))
+    torch.testing.assert_close(got[0, 0], expected, atol=atol, rtol=rtol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_elementwise_activations_take_any_shape_and_layout(dtype):
+    base = (3 * torch.randn(6, 40)).to(dtype)
+    inputs = {
+        "0-d": base[0, 0].clone(),
+        "1-D": base[0].clone(),
+        "3-D": base.reshape(2, 3, 40),
+        "transposed (dense)": base.t(),
+        "strided": base[:, ::3],
+        "row slice": base[1:5, 3:33],
+        "expanded (stride 0)": base[:1].expand(6, 40),
+    }
+    for op in ELEMENTWISE_OPS:
+        atol, rtol = op.tolerance(dtype)
+        for label, x in inputs.items():
+            got, want = _with_vllm_c(op, (x,)), op.fn(x)
+            assert got.shape == x.shape, (op.name, label)
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=f"{op.name} {label}")
+            if x.is_contiguous() or label.startswith("transposed"):  # dense: out keeps x's layout
+                assert got.stride() == x.stride(), (op.name, label)
+
+
+@needs_kernels
+def test_activation_kernels_reject_inconsistent_arguments():
+    x = torch.randn(3, 16)
+    with pytest.raises(RuntimeError, match=r"vllm_ir_c::mul_and_silu: input must end in an even dimension"):
+        torch.ops.vllm_ir_c.mul_and_silu(torch.empty(3, 7), torch.randn(3, 15))
+    with pytest.raises(RuntimeError, match=r"vllm_ir_c::swigluoai_and_mul: out has shape \[3, 16\], expected \[3, 8\]"):
+        torch.ops.vllm_ir_c.swigluoai_and_mul(torch.empty(3, 16), x, 1.702, 7.0)
+    with pytest.raises(RuntimeError, match="vllm_ir_c::fatrelu_and_mul: out is BFloat16, input is Float"):
+        torch.ops.vllm_ir_c.fatrelu_and_mul(torch.empty(3, 8, dtype=torch.bfloat16), x, 0.0)
+    with pytest.raises(RuntimeError, match="vllm_ir_c::relu2: unsupported dtype Double"):
+        torch.ops.vllm_ir_c.relu2(torch.empty(3, 16, dtype=torch.float64), x.double())
+    with pytest.raises(RuntimeError, match=r"vllm_ir_c::gelu_new: out has shape \[16\], input has \[3, 16\]"):
+        torch.ops.vllm_ir_c.gelu_new(torch.empty(16), x)
+    with pytest.raises(RuntimeError, match="unsupported operation"):  # out overlapping the input
+        torch.ops.vllm_ir_c.silu_and_mul(x.view(-1)[:24].view(3, 8), x)
+
+
+@needs_kernels
+def test_activation_predicates_decline_with_reasons():
+    gelu = vllm_ir.ops.gelu_and_mul
+    cases = [
+        (vllm_ir.ops.silu_and_mul, (torch.randn(3, 15),), "last dimension 15 is odd"),
+        (vllm_ir.ops.swigluoai_and_mul, (torch.randn(3, 32)[:, ::2], 1.702, 7.0), "stride 2 along the last dimension"),
+        (gelu, (torch.randn(3, 16, dtype=torch.float64), "none"), "dtype torch.float64 is not supported"),
+        (vllm_ir.ops.quick_gelu, (torch.randn(3, 16, device="meta"),), "device meta is not supported"),
+        (vllm_ir.ops.mul_and_silu, (torch.tensor(1.0),), "x is 0-d"),
+    ]
+    for op, args, reason in cases:
+        verdict = _verdict(op, args)
+        assert verdict.status == "declined" and reason in verdict.reason, (op.name, verdict)
+
+
+_ACTIVATION_VARIANT_CHECK = """
+import hashlib, torch, vllm_ir, vllm_ir_provider_vllm_c as p
+from vllm_ir_provider_vllm_c import activation as fam
+print(p.cpu_capability())
+calls = {"gelu_and_mul": [("none",), ("tanh",)], "fatrelu_and_mul": [(0.1,)], "swigluoai_and_mul": [(1.0, 3.0)]}
+digest, inexact = hashlib.sha256(), []
+for name in (*fam.GATED, *fam.ELEMENTWISE):
+    op = getattr(vllm_ir.ops, name)
+    gated = name in fam.GATED
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        atol, rtol = op.tolerance(dtype)
+        # d with remainders; rows >= 2 (native hands a one-row gate, contiguous, to oneDNN's
+        # gelu) and even (native's gelu splits its > 16384 elements in halves: here at a row end)
+        for shape in ((3, 7), (2, 100), (4, 4099), (2, 3, 64)):
+            g = torch.Generator().manual_seed(sum(shape))
+            x = (3 * torch.randn(*shape[:-1], shape[-1] * (2 if gated else 1), generator=g)).to(dtype)
+            for scalars in calls.get(name, [()]):
+                with vllm_ir.priority(**{name: ["vllm_c"]}):
+                    got = op(x, *scalars)
+                want = op.fn(x, *scalars)
+                torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+                if name in fam.EXACT_ON_CPU or name == "gelu_and_mul":
+                    if not torch.equal(got, want):
+                        inexact.append(f"{name}{scalars} {dtype} {shape}")
+                digest.update(got.view(torch.int16 if dtype != torch.float32 else torch.int32).numpy().tobytes())
+print(digest.hexdigest()[:16])
+print(";".join(inexact) or "exact")
+"""
+
+
+@needs_kernels
+def test_every_compiled_cpu_variant_gives_natives_bits_for_activations():
+    """Each compiled CPU variant, with ATen running the same ISA (ATEN_CPU_CAPABILITY), is
+    bit-identical to native for the exact ops and gelu_and_mul (multi-row), within tolerance
+    for the others; AVX512 and AVX512_BF16 (which differ only in their bf16 conversions) give
+    the same bits for every op."""
+    from vllm_ir_provider_vllm_c import _build_info
+
+    aten_isa = {"DEFAULT": "default", "AVX2": "avx2", "AVX512": "avx512", "AVX512_BF16": "avx512"}
+    digests = {}
+    for variant in _build_info.CPU_CAPABILITIES:
+        env = {**os.environ, "VLLM_IR_C_CPU_CAPABILITY": variant, "ATEN_CPU_CAPABILITY": aten_isa[variant]}
+        done = subprocess.run(
+            [sys.executable, "-c", _ACTIVATION_VARIANT_CHECK], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert done.returncode == 0, f"{variant}: {done.stderr[-3000:]}"
+        ran, digest, inexact = done.stdout.split()
+        if ran != variant:
+            continue  # this CPU cannot run it
+        assert inexact == "exact", f"{variant}: differs from native: {inexact}"
+        digests[variant] = digest
+    assert digests, "no variant ran"
+    if {"AVX512", "AVX512_BF16"} <= set(digests):
+        assert digests["AVX512"] == digests["AVX512_BF16"]

@@ -57,8 +57,10 @@ CPU_CAPABILITY_FLAGS: dict[str, list[str]] = {
 # Which ATen vector implementation each variant compiles against.
 CPU_CAPABILITY_VEC = {"DEFAULT": "DEFAULT", "AVX2": "AVX2", "AVX512": "AVX512", "AVX512_BF16": "AVX512"}
 # -g0: Python's own CFLAGS carry -g, which would make the library 7 MB of debug info; the
-# -Wno-* silence torch's headers (torch builds with the same flags).
-CXX_FLAGS = ["-O3", "-g0", "-Wno-maybe-uninitialized", "-Wno-unknown-pragmas"]
+# -Wno-* silence torch's headers (torch builds with the same flags). -ffp-contract=off: the
+# kernels round where native PyTorch rounds, and GCC would otherwise fuse a*b+c (intrinsics
+# included) into one FMA that rounds once; kernels fuse explicitly (at::vec::fmadd) where wanted.
+CXX_FLAGS = ["-O3", "-g0", "-Wno-maybe-uninitialized", "-Wno-unknown-pragmas", "-ffp-contract=off"]
 NVCC_FLAGS = ["-O3", "--expt-relaxed-constexpr"]
 
 try:

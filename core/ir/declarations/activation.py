@@ -110,18 +110,18 @@ GATED_OPS: tuple[IrOp, ...] = (silu_and_mul, mul_and_silu, gelu_and_mul, fatrelu
 ELEMENTWISE_OPS: tuple[IrOp, ...] = (gelu_new, gelu_fast, quick_gelu, relu2)
 
 
-def _gated_inputs(*extra: str):
+def _gated_inputs(**defaults: object):
     """An input generator: ``x`` of shape ``[*shape[:-1], 2 * shape[-1]]`` (``shape`` names the
-    output), ~ N(0, 2), followed by the op's scalar parameters ``extra`` (defaults unless a
-    variant sets them)."""
+    output), ~ N(0, 2), followed by every scalar parameter of the op (``defaults``: name ->
+    default), as a variant sets it or else its default: the kit takes full argument tuples."""
 
     def generate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, seed: int = 0, **options):
         g = torch.Generator().manual_seed(seed)
         x = 2.0 * torch.randn((*shape[:-1], 2 * shape[-1]), generator=g, dtype=torch.float32)
-        unknown = set(options) - set(extra)
+        unknown = set(options) - set(defaults)
         if unknown:
             raise TypeError(f"unknown input options {sorted(unknown)}")
-        return (x.to(device=device, dtype=dtype), *(options[name] for name in extra if name in options))
+        return (x.to(device=device, dtype=dtype), *(options.get(name, default) for name, default in defaults.items()))
 
     return generate
 
@@ -134,11 +134,11 @@ def _elementwise_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torc
 
 silu_and_mul.input_generator(_gated_inputs())
 mul_and_silu.input_generator(_gated_inputs())
-gelu_and_mul.input_generator(_gated_inputs("approximate"))
+gelu_and_mul.input_generator(_gated_inputs(approximate="none"))
 gelu_and_mul.add_input_variant("tanh", approximate="tanh")
-fatrelu_and_mul.input_generator(_gated_inputs("threshold"))
+fatrelu_and_mul.input_generator(_gated_inputs(threshold=0.0))
 fatrelu_and_mul.add_input_variant("threshold_0_5", threshold=0.5)
-swigluoai_and_mul.input_generator(_gated_inputs("alpha", "limit"))
+swigluoai_and_mul.input_generator(_gated_inputs(alpha=1.702, limit=7.0))
 swigluoai_and_mul.add_input_variant("alpha_1_limit_3", alpha=1.0, limit=3.0)
 # vLLM's kernel test tolerances for swigluoai_and_mul (several roundings in x's dtype).
 swigluoai_and_mul.set_tolerance(torch.float16, atol=1e-3, rtol=2e-3)

@@ -1,10 +1,26 @@
-"""The gated-activation family: ``silu_and_mul`` (csrc/cpu/activation.cpp; no CUDA kernel yet).
+"""The activation family (csrc/cpu/activation.cpp, csrc/cuda/activation.cu): the gated ops
+``silu_and_mul``, ``mul_and_silu``, ``gelu_and_mul``, ``fatrelu_and_mul``, ``swigluoai_and_mul``
+and the elementwise ``gelu_new``, ``gelu_fast``, ``quick_gelu``, ``relu2``.
 
-The predicate says why a call is declined; it reads dtypes, devices, the last dimension and
-its stride, never the batch size or values.
+Each implementation wraps one ``torch.ops.vllm_ir_c`` op writing a fresh output. The predicates
+say why a call is declined; they read dtypes, devices, the number of dimensions, the last
+dimension and its stride, never the batch size or values. The C++ ops accept every layout
+(awkward ones run on a contiguous copy); the gated predicates decline a non-unit stride along
+the last dimension so that ``explain`` says what would be slow about it.
+
+Numerics (checked by the conformance kit): the CPU kernels of ``silu_and_mul``,
+``mul_and_silu``, ``fatrelu_and_mul`` and ``relu2`` are bit-identical to native (``exact``).
+``gelu_and_mul`` is too wherever native runs ATen's gelu kernel, but native hands a contiguous
+gate (a single row) to oneDNN, whose erf differs in the last bits; ``swigluoai_and_mul`` rounds
+like native but its sigmoid's scalar/vector split follows the row, not native's flattened
+tensor; ``gelu_new``, ``gelu_fast`` and ``quick_gelu`` use Sleef's tanh and exp where native's
+torch.tanh is MKL's (all within the ops' tolerances). With CUDA kernels built, nothing is
+claimed exact: CUDA's expf/erff/tanhf are not ATen's CPU functions.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -12,46 +28,153 @@ from torch import Tensor
 import vllm_ir
 from vllm_ir import Unsupported
 
-from ._extension import PROVIDER, ExtensionStatus, compile_facts, supported, torch_op
+from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: CPU only (no CUDA kernel yet). Measured against native (2 threads, d = 8192, median µs):
-#: fp32 1.35-10x faster at T 1-2048; bf16 0.95-1.7x (even at T 16-256, ahead at 1 and 2048).
-EAGER_FIRST = {"cpu": ("silu_and_mul",)}
+GATED = ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul")
+ELEMENTWISE = ("gelu_new", "gelu_fast", "quick_gelu", "relu2")
+#: Bit-identical to native on CPU over the whole conformance grid (see the module docstring).
+EXACT_ON_CPU = ("silu_and_mul", "mul_and_silu", "fatrelu_and_mul", "relu2")
+#: Where vllm_c goes first in eager mode: CPU, from benchmarks/activation_cpu.py (filled in below).
+EAGER_FIRST = {"cpu": (*GATED, *ELEMENTWISE)}
 
 
 def register(status: ExtensionStatus) -> None:
-    """Register the implementation; unsupported with the load failure's reason if not loaded."""
+    """Register every activation; unsupported with the load failure's reason if not loaded."""
     if status.loaded:
+        _register_fakes()
+    on = devices(status)
+    # Every kernel computes each output element from its own inputs in a fixed way: results
+    # never depend on the batch, on CPU or CUDA.
+    options: dict[str, object] = {
+        "supported": supported(status),
+        "batch_invariant": True,
+        "compile_facts": compile_facts(status),
+    }
 
-        @torch.library.register_fake("vllm_ir_c::silu_and_mul")
-        def _silu_and_mul_fake(out, input):
-            return None
+    def exact(name: str) -> bool:
+        return on == ("cpu",) and name in EXACT_ON_CPU
 
-    kernel = torch_op(status, "silu_and_mul")
-
-    def supports(x: Tensor) -> bool | Unsupported:
-        if x.dtype not in DTYPES:
-            return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
-        if x.device.type != "cpu":
-            return Unsupported(f"device {x.device.type} is not supported (CPU kernel only)")
+    def gated_verdict(x: Tensor) -> bool | Unsupported:
+        verdict = _device_and_dtype(x, on)
+        if verdict is not None:
+            return verdict
         if x.dim() == 0:
-            return Unsupported("x is 0-d")
+            return Unsupported("x is 0-d (gated ops split the last dimension)")
         if x.shape[-1] % 2:
             return Unsupported(f"last dimension {x.shape[-1]} is odd (gate and up halves differ in size)")
         if x.stride(-1) != 1 and x.size(-1) != 1:
-            return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernel needs 1)")
+            return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
         return True
 
-    # The kernel computes each element independently: results never depend on the batch.
+    def elementwise_verdict(x: Tensor) -> bool | Unsupported:
+        verdict = _device_and_dtype(x, on)
+        return True if verdict is None else verdict
+
+    kernels = {name: torch_op(status, name) for name in (*GATED, *ELEMENTWISE)}
+
+    def gated_out(x: Tensor) -> Tensor:
+        return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+
+    def supports_silu_and_mul(x: Tensor) -> bool | Unsupported:
+        return gated_verdict(x)
+
     @vllm_ir.ops.silu_and_mul.register_impl(
-        PROVIDER,
-        supported=supported(status),
-        supports_args=supports,
-        batch_invariant=True,
-        compile_facts=compile_facts(status),
+        PROVIDER, supports_args=supports_silu_and_mul, exact=exact("silu_and_mul"), **options
     )
-    def silu_and_mul(x):
-        out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+    def silu_and_mul(x: Tensor) -> Tensor:
+        out = gated_out(x)
+        kernels["silu_and_mul"](out, x)
+        return out
+
+    def supports_mul_and_silu(x: Tensor) -> bool | Unsupported:
+        return gated_verdict(x)
+
+    @vllm_ir.ops.mul_and_silu.register_impl(
+        PROVIDER, supports_args=supports_mul_and_silu, exact=exact("mul_and_silu"), **options
+    )
+    def mul_and_silu(x: Tensor) -> Tensor:
+        out = gated_out(x)
+        kernels["mul_and_silu"](out, x)
+        return out
+
+    # A bad `approximate` is no reason to fall back: native would raise too. The kernel says so.
+    def supports_gelu_and_mul(x: Tensor, approximate: str = "none") -> bool | Unsupported:
+        return gated_verdict(x)
+
+    @vllm_ir.ops.gelu_and_mul.register_impl(
+        PROVIDER, supports_args=supports_gelu_and_mul, exact=exact("gelu_and_mul"), **options
+    )
+    def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+        if approximate not in ("none", "tanh"):
+            raise ValueError(
+                f"gelu_and_mul (provider {PROVIDER}): approximate must be 'none' or 'tanh', not {approximate!r}"
+            )
+        out = gated_out(x)
+        kernels["gelu_and_mul"](out, x, approximate)
+        return out
+
+    def supports_fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> bool | Unsupported:
+        return gated_verdict(x)
+
+    @vllm_ir.ops.fatrelu_and_mul.register_impl(
+        PROVIDER, supports_args=supports_fatrelu_and_mul, exact=exact("fatrelu_and_mul"), **options
+    )
+    def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
+        out = gated_out(x)
+        kernels["fatrelu_and_mul"](out, x, threshold)
+        return out
+
+    def supports_swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> bool | Unsupported:
+        return gated_verdict(x)
+
+    @vllm_ir.ops.swigluoai_and_mul.register_impl(
+        PROVIDER, supports_args=supports_swigluoai_and_mul, exact=exact("swigluoai_and_mul"), **options
+    )
+    def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+        out = gated_out(x)
+        kernels["swigluoai_and_mul"](out, x, alpha, limit)
+        return out
+
+    for name in ELEMENTWISE:
+        _register_elementwise(name, kernels[name], elementwise_verdict, exact(name), options)
+
+
+def _register_elementwise(
+    name: str,
+    kernel: Callable[..., object],
+    verdict: Callable[[Tensor], bool | Unsupported],
+    exact: bool,
+    options: dict[str, object],
+) -> None:
+    """One elementwise op: x -> a fresh tensor with x's layout (dense) or contiguous."""
+
+    def supports(x: Tensor) -> bool | Unsupported:
+        return verdict(x)
+
+    def impl(x: Tensor) -> Tensor:
+        out = torch.empty_like(x)
         kernel(out, x)
         return out
+
+    impl.__name__ = impl.__qualname__ = name
+    supports.__name__ = supports.__qualname__ = f"supports_{name}"
+    getattr(vllm_ir.ops, name).register_impl(PROVIDER, supports_args=supports, exact=exact, **options)(impl)
+
+
+def _device_and_dtype(x: Tensor, device_types: tuple[str, ...]) -> Unsupported | None:
+    if x.dtype not in DTYPES:
+        return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
+    if x.device.type not in device_types:
+        return Unsupported(f"device {x.device.type} is not supported (kernels built for: {', '.join(device_types)})")
+    return None
+
+
+def _register_fakes() -> None:
+    """Fake kernels: the ops only write their ``(a!)`` output, so tracing needs no results."""
+    for name in (*GATED, *ELEMENTWISE):
+        torch.library.register_fake(f"vllm_ir_c::{name}")(_no_result)
+
+
+def _no_result(*args: object) -> None:
+    return None

@@ -1,11 +1,28 @@
-// The gated-activation family on CPU: silu_and_mul, out[r] = silu(gate[r]) * up[r], where a row
-// of the input is [gate | up], each half `d` wide.
+// The activation family on CPU: the gated ops (silu_and_mul, mul_and_silu, gelu_and_mul with
+// erf or tanh, fatrelu_and_mul, swigluoai_and_mul) and the elementwise ones (gelu_new,
+// gelu_fast, quick_gelu, relu2).
 //
-// Compiled once per CPU capability (cpu/dispatch_stub.h): at::vec::Vectorized loops with a
-// scalar tail, at::parallel_for over rows. Numerics follow the op declaration
-// (core/ir/declarations/activation.py) rounding for rounding, like eager PyTorch: silu in fp32
-// (x / (1 + exp(-x)), ATen's formula), rounded to the dtype, then the product in fp32 rounded
-// again.
+// Compiled once per CPU capability (cpu/dispatch_stub.h). Two loops serve every op: a gated
+// row loop (at::parallel_for over rows, each row in steps of two fp32 vectors) and a flat
+// elementwise loop over dense memory; each is instantiated with an activation functor that
+// gives the fp32 math in vector and scalar form.
+//
+// Numerics follow the op declarations (core/ir/declarations/activation.py), and for the gated
+// ops with halves also torch's own CPU kernels (F.silu, F.gelu, F.threshold) operation for
+// operation, so that results are bit-identical to native's:
+//  - the same formulas: ATen's vector and scalar forms, with ATen's FMA contractions (the
+//    build turns contraction off, -ffp-contract=off, and fuses explicitly where ATen's build
+//    does);
+//  - the same split between them: ATen's loop runs the vector form in steps of two
+//    Vectorized<T> along each row of a strided gate and the scalar form (std::exp, std::erf,
+//    std::tanh: other bits) on the row's remainder;
+//  - the same roundings: the activation rounded to x's dtype, then the product in fp32
+//    rounded again.
+// Where native's own bits depend on more than the element (oneDNN's gelu for a contiguous
+// gate, i.e. one row; a parallel chunk boundary inside a row), the kernels keep to the above:
+// their results never depend on the batch.
+
+#include "../activation.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -17,147 +34,401 @@
 #include <tuple>
 #include <type_traits>
 
-#include "../kernel_common.h"
 #include "dispatch_stub.h"
+#include "float_vec.h"
 
 namespace vllm_ir_c {
 
-// out[r] = act(input[r, :d]) * input[r, d:2d] for every row r.
-struct GatedArgs {
-  c10::ScalarType dtype;
-  void* out;
-  RowLayout out_rows;
-  const void* input;
-  RowLayout input_rows;
-  int64_t rows;
-  int64_t d;
-};
-
-VLLM_IR_C_DECLARE_DISPATCH(void (*)(const GatedArgs&), silu_and_mul_stub);
+VLLM_IR_C_DECLARE_DISPATCH(void (*)(const GatedArgs&), gated_activation_stub);
+VLLM_IR_C_DECLARE_DISPATCH(void (*)(const ElementwiseArgs&), elementwise_activation_stub);
 
 namespace CPU_CAPABILITY {
 namespace {
 
-using fVec = at::vec::Vectorized<float>;
+using float_vec::fVec;
+using float_vec::kStep;
+using float_vec::load_float;
+using float_vec::round_float;
+using float_vec::store_float;
+using Pair = std::tuple<fVec, fVec>;
 
 // Fewer elements than this per task are not worth a parallel region.
 constexpr int64_t kMinElementsPerTask = 16384;
 
-// One step: one Vectorized<T> (two fp32 vectors for bf16/fp16, one for fp32).
+// ATen's vectorized loop runs its vector form while two Vectorized<T> fit (per row of a
+// strided gate): the remainder, shorter than this, takes its scalar form.
 template <typename T>
-constexpr int64_t kStep = at::vec::Vectorized<T>::size();
+constexpr int64_t kAtenStep = 2 * at::vec::Vectorized<T>::size();
 
-template <typename T>
-std::tuple<fVec, fVec> load2(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {fVec::loadu(p), fVec(0.0f)};
-  } else {
-    return at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
-  }
-}
+// ---------------------------------------------------------------------------------------
+// the fp32 math, vector and scalar, each as ATen computes it
 
-template <typename T>
-void store2(T* p, const fVec& a, const fVec& b) {
-  if constexpr (std::is_same_v<T, float>) {
-    a.store(p);
-  } else {
-    at::vec::convert_from_float<T>(a, b).store(p);
-  }
-}
-
-// fp32 values rounded to T's precision (native's dtype of F.silu's result).
-template <typename T>
-std::tuple<fVec, fVec> rounded(const fVec& a, const fVec& b) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {a, b};
-  } else {
-    return at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(a, b));
-  }
-}
-
-fVec silu(const fVec& x) {
+inline fVec silu(const fVec& x) {
   return x / (fVec(1.0f) + x.neg().exp());
 }
+inline float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
 
-template <typename T>
-void silu_and_mul_rows(const GatedArgs& a) {
+inline fVec sigmoid(const fVec& x) {
+  return (fVec(1.0f) + x.neg().exp()).reciprocal();
+}
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+
+// F.gelu(approximate="none"): x * 0.5 * (1 + erf(x / sqrt(2))).
+const float kSqrtHalf = static_cast<float>(M_SQRT1_2);
+inline fVec gelu_erf(const fVec& x) {
+  return x * fVec(0.5f) * (fVec(1.0f) + (x * fVec(kSqrtHalf)).erf());
+}
+inline float gelu_erf(float x) {
+  return x * 0.5f * (1.0f + std::erf(x * kSqrtHalf));
+}
+
+// F.gelu(approximate="tanh"): 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))).
+const float kGeluBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+const float kGeluKappa = static_cast<float>(0.044715);
+// ATen's kernels are built with FMA contraction, which turns x + kappa * x^3 into one fused
+// multiply-add wherever the ISA has one (AVX2, AVX512): so do these, explicitly.
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+constexpr bool kContractsToFma = true;
+#else
+constexpr bool kContractsToFma = false;
+#endif
+inline fVec gelu_tanh(const fVec& x) {
+  const fVec cube = x * x * x;
+  const fVec inner = fVec(kGeluBeta) * at::vec::fmadd(fVec(kGeluKappa), cube, x);
+  return fVec(0.5f) * x * (fVec(1.0f) + inner.tanh());
+}
+inline float gelu_tanh(float x) {
+  const float cube = x * x * x;
+  const float inner = kGeluBeta * (kContractsToFma ? std::fma(kGeluKappa, cube, x) : x + kGeluKappa * cube);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+// ---------------------------------------------------------------------------------------
+// gated activations: vec<T>(gate, up) for one step (two fp32 vectors each way), scalar<T>
+// for one element; both round where native does.
+
+// act(gate) rounded to T, times up, rounded (by the store) again.
+template <typename Act>
+struct ActTimesUp {
+  Act act;
+
+  template <typename T>
+  Pair vec(const Pair& gate, const Pair& up) const {
+    auto [a0, a1] = round_float<T>(act(std::get<0>(gate)), act(std::get<1>(gate)));
+    return {a0 * std::get<0>(up), a1 * std::get<1>(up)};
+  }
+  template <typename T>
+  T scalar(T gate, T up) const {
+    const T a = static_cast<T>(act(static_cast<float>(gate)));
+    return static_cast<T>(static_cast<float>(a) * static_cast<float>(up));
+  }
+};
+
+struct SiluFn {
+  fVec operator()(const fVec& x) const {
+    return silu(x);
+  }
+  float operator()(float x) const {
+    return silu(x);
+  }
+};
+
+template <bool kTanh>
+struct GeluFn {
+  fVec operator()(const fVec& x) const {
+    return kTanh ? gelu_tanh(x) : gelu_erf(x);
+  }
+  float operator()(float x) const {
+    return kTanh ? gelu_tanh(x) : gelu_erf(x);
+  }
+};
+
+// F.threshold(x, threshold, 0): x <= threshold (compared in fp32) becomes 0; NaN stays.
+struct FatreluFn {
+  float threshold;
+  fVec operator()(const fVec& x) const {
+    return fVec::blendv(x, fVec(0.0f), x <= fVec(threshold));
+  }
+  float operator()(float x) const {
+    return x <= threshold ? 0.0f : x;
+  }
+};
+
+// GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * (g * sigmoid(g * alpha)),
+// each step rounded to T (native computes it op by op in x's dtype). NaN propagates.
+struct SwigluOai {
+  float alpha;
+  float limit;
+
+  template <typename T>
+  Pair vec(const Pair& gate, const Pair& up) const {
+    const fVec lim(limit);
+    const fVec neg_lim(-limit);
+    const fVec one(1.0f);
+    auto [g0, g1] = round_float<T>(at::vec::clamp_max(std::get<0>(gate), lim),
+                                   at::vec::clamp_max(std::get<1>(gate), lim));
+    auto [u0, u1] = round_float<T>(at::vec::clamp(std::get<0>(up), neg_lim, lim),
+                                   at::vec::clamp(std::get<1>(up), neg_lim, lim));
+    auto [z0, z1] = round_float<T>(g0 * fVec(alpha), g1 * fVec(alpha));
+    auto [s0, s1] = round_float<T>(sigmoid(z0), sigmoid(z1));
+    auto [glu0, glu1] = round_float<T>(g0 * s0, g1 * s1);
+    auto [v0, v1] = round_float<T>(u0 + one, u1 + one);
+    return {v0 * glu0, v1 * glu1};
+  }
+  template <typename T>
+  T scalar(T gate, T up) const {
+    const auto r = [](float v) { return static_cast<float>(static_cast<T>(v)); };
+    const float gf = static_cast<float>(gate);
+    const float uf = static_cast<float>(up);
+    const float g = r(std::isnan(gf) ? gf : std::min(gf, limit));
+    const float u = r(std::isnan(uf) ? uf : std::min(std::max(uf, -limit), limit));
+    const float glu = r(g * r(sigmoid(r(g * alpha))));
+    return static_cast<T>(r(u + 1.0f) * glu);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// the gated row loop
+
+// Where a row's gate and up values are: the two halves (`gate_first`: gate in the first), or
+// interleaved pairs (gate, up).
+enum class Halves { kGateFirst, kUpFirst, kInterleaved };
+
+template <typename T, Halves kLayout, typename Fn>
+void gated_rows(const GatedArgs& a, const Fn& fn) {
   const T* input = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.out);
   const int64_t d = a.d;
+  // Halves: native's vector form covers whole steps of two Vectorized<T> of each row, its
+  // scalar form the rest. Interleaved: no native kernel to follow; the vector form covers
+  // every whole step of ours.
+  const int64_t body = kLayout == Halves::kInterleaved ? d - d % kStep : d - d % kAtenStep<T>;
   const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(d, 1));
   at::parallel_for(0, a.rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* gate = input + a.input_rows.offset(r);
-      const T* up = gate + d;
+      const T* row = input + a.input_rows.offset(r);
       T* o = out + a.out_rows.offset(r);
-      int64_t i = 0;
-      for (; i + kStep<T> <= d; i += kStep<T>) {
-        auto [g0, g1] = load2(gate + i);
-        auto [u0, u1] = load2(up + i);
-        auto [s0, s1] = rounded<T>(silu(g0), silu(g1));
-        store2(o + i, s0 * u0, s1 * u1);
-      }
-      for (; i < d; ++i) {
-        const float g = static_cast<float>(gate[i]);
-        const T act = static_cast<T>(g / (1.0f + std::exp(-g)));
-        o[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(up[i]));
+      if constexpr (kLayout == Halves::kInterleaved) {
+        int64_t i = 0;
+        for (; i < body; i += kStep) {
+          auto [a0, a1] = load_float(row + 2 * i);
+          auto [b0, b1] = load_float(row + 2 * i + kStep);
+          auto [g0, u0] = at::vec::deinterleave2(a0, a1);
+          auto [g1, u1] = at::vec::deinterleave2(b0, b1);
+          auto [y0, y1] = fn.template vec<T>({g0, g1}, {u0, u1});
+          store_float(o + i, y0, y1);
+        }
+        for (; i < d; ++i) {
+          o[i] = fn.template scalar<T>(row[2 * i], row[2 * i + 1]);
+        }
+      } else {
+        const T* gate = row + (kLayout == Halves::kGateFirst ? 0 : d);
+        const T* up = row + (kLayout == Halves::kGateFirst ? d : 0);
+        int64_t i = 0;
+        for (; i < body; i += kStep) {
+          auto [y0, y1] = fn.template vec<T>(load_float(gate + i), load_float(up + i));
+          store_float(o + i, y0, y1);
+        }
+        for (; i < d; ++i) {
+          o[i] = fn.template scalar<T>(gate[i], up[i]);
+        }
       }
     }
   });
 }
 
-void silu_and_mul_kernel(const GatedArgs& a) {
-  VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "silu_and_mul", [&] { silu_and_mul_rows<scalar_t>(a); });
+template <typename T>
+void gated_kernel_for(const GatedArgs& a) {
+  switch (a.kind) {
+    case GatedKind::kSiluAndMul:
+      return gated_rows<T, Halves::kGateFirst>(a, ActTimesUp<SiluFn>{});
+    case GatedKind::kMulAndSilu:
+      return gated_rows<T, Halves::kUpFirst>(a, ActTimesUp<SiluFn>{});
+    case GatedKind::kGeluAndMul:
+      return gated_rows<T, Halves::kGateFirst>(a, ActTimesUp<GeluFn<false>>{});
+    case GatedKind::kGeluTanhAndMul:
+      return gated_rows<T, Halves::kGateFirst>(a, ActTimesUp<GeluFn<true>>{});
+    case GatedKind::kFatreluAndMul:
+      return gated_rows<T, Halves::kGateFirst>(a, ActTimesUp<FatreluFn>{FatreluFn{a.p0}});
+    case GatedKind::kSwigluoaiAndMul:
+      return gated_rows<T, Halves::kInterleaved>(a, SwigluOai{a.p0, a.p1});
+  }
+}
+
+void gated_kernel(const GatedArgs& a) {
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "vllm_ir_c gated activation (cpu)", [&] { gated_kernel_for<scalar_t>(a); });
+}
+
+// ---------------------------------------------------------------------------------------
+// elementwise activations: fp32 math on x, rounded once by the store. Every element runs the
+// vector form (a partial step for the remainder), so an element's bits never depend on its
+// position or the tensor's size: the kernels are batch-invariant. None is bit-identical to
+// native but relu2 (exact operations only): native's torch.tanh is MKL's vsTanh in x86
+// builds, and torch.sigmoid runs its scalar form on each parallel chunk's remainder.
+//
+// The tanh GELUs use 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + exp(-2u)): one exp and one
+// division instead of Sleef's tanh (which made them compute-bound at a third of copy_'s
+// bandwidth), and no cancellation (1 + tanh(u) near u = -inf is computed from a quotient, not
+// a difference); the results stay within a few fp32 ulp of the exact value.
+
+const float kSqrt2OverPi = static_cast<float>(std::sqrt(2.0 / M_PI));
+
+inline fVec x_sigmoid_2u(const fVec& x, const fVec& u) {
+  return x / (fVec(1.0f) + (u * fVec(-2.0f)).exp());
+}
+
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): u in the declaration's order of operations.
+struct GeluNew {
+  fVec operator()(const fVec& x) const {
+    return x_sigmoid_2u(x, fVec(kSqrt2OverPi) * (x + fVec(kGeluKappa) * (x * x * x)));
+  }
+};
+
+// 0.5 x (1 + tanh(x 0.7978845608 (1 + 0.044715 x x))).
+struct GeluFast {
+  fVec operator()(const fVec& x) const {
+    return x_sigmoid_2u(x, x * fVec(static_cast<float>(0.7978845608)) * (fVec(1.0f) + fVec(kGeluKappa) * x * x));
+  }
+};
+
+// x sigmoid(1.702 x).
+struct QuickGelu {
+  fVec operator()(const fVec& x) const {
+    return x * sigmoid(fVec(static_cast<float>(1.702)) * x);
+  }
+};
+
+// relu(x)^2; NaN stays NaN.
+struct Relu2 {
+  fVec operator()(const fVec& x) const {
+    const fVec r = at::vec::clamp_min(x, fVec(0.0f));
+    return r * r;
+  }
+};
+
+template <typename T, typename Fn>
+void elementwise_flat(const ElementwiseArgs& a, const Fn& fn) {
+  const T* input = static_cast<const T*>(a.input);
+  T* out = static_cast<T*>(a.out);
+  // Chunks of whole steps: only the last chunk has a partial one.
+  const int64_t grain = (kMinElementsPerTask + kStep - 1) / kStep;
+  at::parallel_for(0, (a.n + kStep - 1) / kStep, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * kStep; i < std::min(end * kStep, a.n); i += kStep) {
+      if (C10_LIKELY(i + kStep <= a.n)) {
+        auto [x0, x1] = load_float(input + i);
+        store_float(out + i, fn(x0), fn(x1));
+      } else {
+        auto [x0, x1] = load_float(input + i, a.n - i);
+        store_float(out + i, fn(x0), fn(x1), a.n - i);
+      }
+    }
+  });
+}
+
+template <typename T>
+void elementwise_kernel_for(const ElementwiseArgs& a) {
+  switch (a.kind) {
+    case ElementwiseKind::kGeluNew:
+      return elementwise_flat<T>(a, GeluNew{});
+    case ElementwiseKind::kGeluFast:
+      return elementwise_flat<T>(a, GeluFast{});
+    case ElementwiseKind::kQuickGelu:
+      return elementwise_flat<T>(a, QuickGelu{});
+    case ElementwiseKind::kRelu2:
+      return elementwise_flat<T>(a, Relu2{});
+  }
+}
+
+void elementwise_kernel(const ElementwiseArgs& a) {
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "vllm_ir_c elementwise activation (cpu)",
+                                    [&] { elementwise_kernel_for<scalar_t>(a); });
 }
 
 }  // namespace
 }  // namespace CPU_CAPABILITY
 
-VLLM_IR_C_REGISTER_DISPATCH(silu_and_mul_stub, &CPU_CAPABILITY::silu_and_mul_kernel);
+VLLM_IR_C_REGISTER_DISPATCH(gated_activation_stub, &CPU_CAPABILITY::gated_kernel);
+VLLM_IR_C_REGISTER_DISPATCH(elementwise_activation_stub, &CPU_CAPABILITY::elementwise_kernel);
 
 }  // namespace vllm_ir_c
+
+// ---------------------------------------------------------------------------------------
+// torch side: schemas and CPU implementations (the DEFAULT compilation only)
 
 #if VLLM_IR_C_TORCH_SIDE
 
 #include <torch/library.h>
 
-#include "../ops_common.h"
-
 namespace vllm_ir_c {
 namespace {
 
-void silu_and_mul_cpu(at::Tensor& out, const at::Tensor& input) {
-  constexpr const char* op = "vllm_ir_c::silu_and_mul";
-  TORCH_CHECK(input.dim() >= 1 && input.size(-1) % 2 == 0, op, ": input must end in an even dimension, got ",
-              input.sizes());
-  TORCH_CHECK(is_supported_dtype(input.scalar_type()), op, ": unsupported dtype ", input.scalar_type(),
-              " (float32, bfloat16 and float16 are supported)");
-  auto expected = input.sizes().vec();
-  expected.back() /= 2;
-  TORCH_CHECK(out.sizes() == at::IntArrayRef(expected), op, ": out has shape ", out.sizes(), ", expected ",
-              at::IntArrayRef(expected));
-  TORCH_CHECK(out.scalar_type() == input.scalar_type() && out.device() == input.device(), op,
-              ": out must have input's dtype and device");
-  if (out.numel() == 0) {
-    return;
-  }
-  const at::Tensor x = staged(input);
-  at::Tensor y = output_buffer(out);
-  GatedArgs args{input.scalar_type(), y.mutable_data_ptr(), row_layout(y), x.const_data_ptr(), row_layout(x),
-                 out.numel() / out.size(-1), out.size(-1)};
-  silu_and_mul_stub(args);
-  unstage(out, y);
+void gated_cpu(const char* op, at::Tensor& out, const at::Tensor& input, GatedKind kind, double p0 = 0.0,
+               double p1 = 0.0) {
+  run_gated(op, out, input, kind, p0, p1, gated_activation_stub);
 }
+
+void silu_and_mul_cpu(at::Tensor& out, const at::Tensor& input) {
+  gated_cpu("vllm_ir_c::silu_and_mul", out, input, GatedKind::kSiluAndMul);
+}
+
+void mul_and_silu_cpu(at::Tensor& out, const at::Tensor& input) {
+  gated_cpu("vllm_ir_c::mul_and_silu", out, input, GatedKind::kMulAndSilu);
+}
+
+void gelu_and_mul_cpu(at::Tensor& out, const at::Tensor& input, const std::string& approximate) {
+  constexpr const char* op = "vllm_ir_c::gelu_and_mul";
+  gated_cpu(op, out, input, gelu_kind(op, approximate));
+}
+
+void fatrelu_and_mul_cpu(at::Tensor& out, const at::Tensor& input, double threshold) {
+  gated_cpu("vllm_ir_c::fatrelu_and_mul", out, input, GatedKind::kFatreluAndMul, threshold);
+}
+
+void swigluoai_and_mul_cpu(at::Tensor& out, const at::Tensor& input, double alpha, double limit) {
+  gated_cpu("vllm_ir_c::swigluoai_and_mul", out, input, GatedKind::kSwigluoaiAndMul, alpha, limit);
+}
+
+#define VLLM_IR_C_ELEMENTWISE_CPU(name, kind)                                          \
+  void name##_cpu(at::Tensor& out, const at::Tensor& input) {                          \
+    run_elementwise("vllm_ir_c::" #name, out, input, kind, elementwise_activation_stub); \
+  }
+VLLM_IR_C_ELEMENTWISE_CPU(gelu_new, ElementwiseKind::kGeluNew)
+VLLM_IR_C_ELEMENTWISE_CPU(gelu_fast, ElementwiseKind::kGeluFast)
+VLLM_IR_C_ELEMENTWISE_CPU(quick_gelu, ElementwiseKind::kQuickGelu)
+VLLM_IR_C_ELEMENTWISE_CPU(relu2, ElementwiseKind::kRelu2)
+#undef VLLM_IR_C_ELEMENTWISE_CPU
 
 }  // namespace
 }  // namespace vllm_ir_c
 
 TORCH_LIBRARY_FRAGMENT(vllm_ir_c, m) {
+  // Gated: out [..., d] <- act(input[..., :d]) * input[..., d:] (swigluoai: interleaved halves).
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
+  m.def("mul_and_silu(Tensor(a!) out, Tensor input) -> ()");
+  m.def("gelu_and_mul(Tensor(a!) out, Tensor input, str approximate='none') -> ()");
+  m.def("fatrelu_and_mul(Tensor(a!) out, Tensor input, float threshold=0.0) -> ()");
+  m.def("swigluoai_and_mul(Tensor(a!) out, Tensor input, float alpha=1.702, float limit=7.0) -> ()");
+  // Elementwise: out <- f(input), same shape.
+  m.def("gelu_new(Tensor(a!) out, Tensor input) -> ()");
+  m.def("gelu_fast(Tensor(a!) out, Tensor input) -> ()");
+  m.def("quick_gelu(Tensor(a!) out, Tensor input) -> ()");
+  m.def("relu2(Tensor(a!) out, Tensor input) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(vllm_ir_c, CPU, m) {
   m.impl("silu_and_mul", &vllm_ir_c::silu_and_mul_cpu);
+  m.impl("mul_and_silu", &vllm_ir_c::mul_and_silu_cpu);
+  m.impl("gelu_and_mul", &vllm_ir_c::gelu_and_mul_cpu);
+  m.impl("fatrelu_and_mul", &vllm_ir_c::fatrelu_and_mul_cpu);
+  m.impl("swigluoai_and_mul", &vllm_ir_c::swigluoai_and_mul_cpu);
+  m.impl("gelu_new", &vllm_ir_c::gelu_new_cpu);
+  m.impl("gelu_fast", &vllm_ir_c::gelu_fast_cpu);
+  m.impl("quick_gelu", &vllm_ir_c::quick_gelu_cpu);
+  m.impl("relu2", &vllm_ir_c::relu2_cpu);
 }
 
 #endif  // VLLM_IR_C_TORCH_SIDE
