@@ -102,7 +102,7 @@ def _pad_tokens(q: Tensor, num_token_padding: int | None, op: str) -> Tensor:
     return torch.nn.functional.pad(q.view(torch.uint8), (0, 0, 0, extra)).view(q.dtype) if extra > 0 else q
 
 
-@register_op
+@register_op(token_params=("x", "scale"))
 def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
     """``clamp(x * (1 / scale), -fp8_max, fp8_max)`` cast to ``fp8_dtype``, in float32.
 
