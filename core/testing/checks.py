@@ -102,7 +102,7 @@ def compare(
         where = f"{_who(op, impl, case)}, output {i}"
         assert a.shape == e.shape, f"{where}: shape {tuple(a.shape)}, native {tuple(e.shape)}"
         assert a.dtype == e.dtype, f"{where}: dtype {a.dtype}, native {e.dtype}"
-        if spec.check_strides:
+        if spec.check_strides and e.numel():  # an empty tensor's strides mean nothing
             _check_strides(a, e, where)
     rows = spec.valid_rows(args) if spec.valid_rows is not None and args is not None else None
     if rows is not None:
