@@ -65,51 +65,56 @@ def main() -> None:
     print(f"bf16 [T, {args.hidden}] -> float8_e4m3fn, median us per call (best of {args.rounds} rounds)")
     print(header)
     for t in (int(s) for s in args.tokens.split(",")):
-        x = torch.randn(t, args.hidden, dtype=torch.bfloat16)
-        scale = (x.float().abs().amax() / 448).reshape(1)
-        q = torch.empty(t, args.hidden, dtype=fp8)
-        token_scale = torch.empty(t, 1)
-        group_scale = torch.empty(t, args.hidden // 128)
-        src = torch.empty(t * args.hidden * 3 // 2, dtype=torch.uint8).random_()
-        dst = torch.empty_like(src)
-        calls = {
-            "static": lambda: c.static_quant_fp8(q, x, scale),
-            "dyn": lambda: c.dynamic_quant_fp8(q, token_scale, x, None, True),
-            "group": lambda: c.dynamic_group_quant_fp8(q, group_scale, x, 128, False),
-            "copy": lambda: dst.copy_(src),
-        }
-        if not args.no_compile:
-            st = torch.compile(ops.static_quant_fp8.fn, dynamic=False)
-            dy = torch.compile(ops.dynamic_quant_fp8.fn, dynamic=False)
-            gr = torch.compile(ops.dynamic_group_quant_fp8.fn, dynamic=False)
-            calls["ind_static"] = lambda: st(x, scale, fp8)
-            calls["ind_dyn"] = lambda: dy(x, True, fp8)
-            calls["ind_group"] = lambda: gr(x, 128, False, False, fp8)
-            for fn in (calls["ind_static"], calls["ind_dyn"], calls["ind_group"]):
-                fn()  # compile outside the timing
-        with vllm_ir.priority(static_quant_fp8=["vllm_c"]):
-            calls["op"] = lambda: ops.static_quant_fp8(x, scale, fp8)
-            repeats = max(5, min(200, 2_000_000 // max(t * args.hidden, 1)))
-            best: dict[str, float] = {}
-            for _ in range(args.rounds):
-                for name, fn in calls.items():
-                    m = time_call(fn, warmup=3, repeats=repeats).median_us
-                    best[name] = min(best.get(name, float("inf")), m)
-        nan = float("nan")
-        row = [best[k] for k in ("static", "dyn", "group", "copy")]
-        row += [best.get(k, nan) for k in ("ind_static", "ind_dyn", "ind_group")] + [best["op"]]
-        ratios = [
-            best["copy"] / best["static"],
-            best["copy"] / best["dyn"],
-            best.get("ind_static", nan) / best["static"],
-            best.get("ind_dyn", nan) / best["dyn"],
-            best.get("ind_group", nan) / best["group"],
-            best["group"] / best["static"],
-        ]
-        print(
-            f"{t:>5} " + " ".join(f"{v:8.1f}" for v in row) + " | "
-            f"{ratios[0]:7.2f} {ratios[1]:8.2f} {ratios[2]:6.2f} {ratios[3]:7.2f} {ratios[4]:7.2f} {ratios[5]:6.2f}"
-        )
+        _row(t, args, c, fp8, ops)
+
+
+def _row(t: int, args: argparse.Namespace, c: object, fp8: torch.dtype, ops: object) -> None:
+    """Time every variant at T tokens and print one row."""
+    x = torch.randn(t, args.hidden, dtype=torch.bfloat16)
+    scale = (x.float().abs().amax() / 448).reshape(1)
+    q = torch.empty(t, args.hidden, dtype=fp8)
+    token_scale = torch.empty(t, 1)
+    group_scale = torch.empty(t, args.hidden // 128)
+    src = torch.empty(t * args.hidden * 3 // 2, dtype=torch.uint8).random_()
+    dst = torch.empty_like(src)
+    calls = {
+        "static": lambda: c.static_quant_fp8(q, x, scale),
+        "dyn": lambda: c.dynamic_quant_fp8(q, token_scale, x, None, True),
+        "group": lambda: c.dynamic_group_quant_fp8(q, group_scale, x, 128, False),
+        "copy": lambda: dst.copy_(src),
+    }
+    if not args.no_compile:
+        st = torch.compile(ops.static_quant_fp8.fn, dynamic=False)
+        dy = torch.compile(ops.dynamic_quant_fp8.fn, dynamic=False)
+        gr = torch.compile(ops.dynamic_group_quant_fp8.fn, dynamic=False)
+        calls["ind_static"] = lambda: st(x, scale, fp8)
+        calls["ind_dyn"] = lambda: dy(x, True, fp8)
+        calls["ind_group"] = lambda: gr(x, 128, False, False, fp8)
+        for fn in (calls["ind_static"], calls["ind_dyn"], calls["ind_group"]):
+            fn()  # compile outside the timing
+    with vllm_ir.priority(static_quant_fp8=["vllm_c"]):
+        calls["op"] = lambda: ops.static_quant_fp8(x, scale, fp8)
+        repeats = max(5, min(200, 2_000_000 // max(t * args.hidden, 1)))
+        best: dict[str, float] = {}
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                m = time_call(fn, warmup=3, repeats=repeats).median_us
+                best[name] = min(best.get(name, float("inf")), m)
+    nan = float("nan")
+    row = [best[k] for k in ("static", "dyn", "group", "copy")]
+    row += [best.get(k, nan) for k in ("ind_static", "ind_dyn", "ind_group")] + [best["op"]]
+    ratios = [
+        best["copy"] / best["static"],
+        best["copy"] / best["dyn"],
+        best.get("ind_static", nan) / best["static"],
+        best.get("ind_dyn", nan) / best["dyn"],
+        best.get("ind_group", nan) / best["group"],
+        best["group"] / best["static"],
+    ]
+    print(
+        f"{t:>5} " + " ".join(f"{v:8.1f}" for v in row) + " | "
+        f"{ratios[0]:7.2f} {ratios[1]:8.2f} {ratios[2]:6.2f} {ratios[3]:7.2f} {ratios[4]:7.2f} {ratios[5]:6.2f}"
+    )
 
 
 if __name__ == "__main__":
