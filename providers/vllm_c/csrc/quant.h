@@ -41,31 +41,43 @@ C10_HOST_DEVICE inline float bits_float(uint32_t b) {
   return v;
 }
 
-// clamp(v, -bound, bound) then the fp8 byte, round to nearest even; NaN stays NaN (0x7F|sign
-// for e4m3fn, 0x80 for e4m3fnuz, which has no negative zero). Branch-free so that loops over
-// it vectorize: both the subnormal and the normal encoding are computed, one is selected.
+// Constants of the fp8 encoding below (shared with the CPU kernels' vector version).
+template <Fp8Format kFormat>
+struct Fp8Encoding {
+  // Exponent field (fp32) of the smallest normal fp8 value: 2^-6 (e4m3fn), 2^-7 (e4m3fnuz).
+  static constexpr uint32_t kMinNormalExp = kFormat == Fp8Format::E4M3FNUZ ? 120u : 121u;
+  static constexpr uint32_t kMinNormal = kMinNormalExp << 23;
+  // 2^20 times a value's binade: adding it rounds the value to 3 mantissa bits.
+  static constexpr uint32_t kShift = 20u << 23;
+  static constexpr uint32_t kOffset = (20u + kMinNormalExp) << 3;
+};
+
+// clamp(v, -bound, bound) then the fp8 byte, round to nearest even, bit-identical to c10's
+// fp8e4m3fn_from_fp32_value / fp8e4m3fnuz_from_fp32_value on the clamped value; NaN stays NaN
+// (0x7F|sign for e4m3fn, 0x80 for e4m3fnuz, which has no negative zero).
+//
+// One formula covers subnormal and normal results: with c = 2^20 * max(binade(|v|), smallest
+// normal), |v| + c rounds |v| to a multiple of the fp8 step of its binade (fp32 addition
+// rounds to nearest even), and the bits of that sum minus c's count the steps above c's
+// binade start; adding 8 codes per binade above the smallest gives the fp8 code (a rounding up
+// into the next binade lands on its code too). Branch-free, so that loops over it vectorize.
 template <Fp8Format kFormat>
 C10_HOST_DEVICE inline uint8_t quantize_fp8(float v, float bound) {
-  constexpr bool kFnuz = kFormat == Fp8Format::E4M3FNUZ;
-  // Below the smallest normal (2^-6, 2^-7 fnuz) adding 2^14 (2^13) aligns the value's
-  // subnormal steps with the float's last mantissa bit, rounding to nearest even.
-  constexpr uint32_t kMinNormal = (kFnuz ? 120u : 121u) << 23;
-  constexpr uint32_t kDenormMagic = (kFnuz ? 140u : 141u) << 23;
-  constexpr uint32_t kRebias = static_cast<uint32_t>(kFnuz ? 8 - 127 : 7 - 127) << 23;
-  v = v > bound ? bound : v;  // comparisons with NaN are false: NaN passes both
-  v = v < -bound ? -bound : v;
+  using E = Fp8Encoding<kFormat>;
+  const uint32_t in_bits = float_bits(v);
+  const bool nan = (in_bits & 0x7FFFFFFFu) > 0x7F800000u;
+  v = v > bound ? bound : (v < -bound ? -bound : v);
   const uint32_t bits = float_bits(v);
-  const uint32_t sign = bits & 0x80000000u;
-  const uint32_t mag_bits = bits ^ sign;
-  const uint32_t subnormal = float_bits(bits_float(mag_bits) + bits_float(kDenormMagic)) - kDenormMagic;
-  const uint32_t normal = (mag_bits + kRebias + 0x7FFFFu + ((mag_bits >> 20) & 1u)) >> 20;
-  const uint32_t mag = mag_bits < kMinNormal ? subnormal : normal;
-  const bool nan = mag_bits > 0x7F800000u;
-  if constexpr (kFnuz) {
-    const uint32_t signed_mag = mag == 0 ? 0u : (mag | (sign >> 24));
-    return static_cast<uint8_t>(nan ? 0x80u : signed_mag);
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  const uint32_t binade = mag & 0x7F800000u;
+  const uint32_t c = (binade > E::kMinNormal ? binade : E::kMinNormal) + E::kShift;
+  const uint32_t steps = float_bits(bits_float(mag) + bits_float(c)) - c;
+  const uint32_t code = steps + (c >> 20) - E::kOffset;
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  if constexpr (kFormat == Fp8Format::E4M3FNUZ) {
+    return static_cast<uint8_t>(nan ? 0x80u : (code == 0u ? 0u : (code | sign)));
   } else {
-    return static_cast<uint8_t>(nan ? (0x7Fu | (sign >> 24)) : (mag | (sign >> 24)));
+    return static_cast<uint8_t>(nan ? (0x7Fu | ((in_bits >> 24) & 0x80u)) : (code | sign));
   }
 }
 

@@ -1,10 +1,9 @@
 // The FP8 quantization family on CPU: static_quant_fp8, dynamic_quant_fp8 (per-token and
 // per-tensor) and dynamic_group_quant_fp8, into float8_e4m3fn or float8_e4m3fnuz.
 //
-// Compiled once per CPU capability (cpu/dispatch_stub.h). Values are widened to fp32 and
-// scaled with at::vec::Vectorized; the fp8 encoding (quant.h: quantize_fp8, branch-free) runs
-// over blocks of those fp32 values in a loop the compiler vectorizes for the capability's ISA.
-// at::parallel_for over rows.
+// Compiled once per CPU capability (cpu/dispatch_stub.h). Values are widened to fp32, scaled,
+// encoded (quant.h's quantize_fp8, lane by lane in at::vec::Vectorized<int32_t>) and narrowed
+// to bytes in registers, one vector at a time; at::parallel_for over rows.
 //
 // Dynamic per-token and group quant widen each row once into a per-thread fp32 buffer while
 // taking the absmax (per row or per group), then quantize from that buffer, which is in L1/L2:
@@ -42,8 +41,6 @@ using fVec = at::vec::Vectorized<float>;
 
 // Fewer elements than this per task are not worth a parallel region.
 constexpr int64_t kMinElementsPerTask = 16384;
-// fp32 values encoded per block (stays in L1).
-constexpr int64_t kBlock = 256;
 // Rows up to this many elements are widened once into a per-thread buffer (64 KiB).
 constexpr int64_t kRowBuffer = 16384;
 
@@ -51,52 +48,68 @@ int64_t grain_size(int64_t hidden) {
   return std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(hidden, 1));
 }
 
-// n fp32 values -> n fp8 bytes. The loop is branch-free: the compiler vectorizes it.
+using iVec = at::vec::Vectorized<int32_t>;
+
+// quantize_fp8 (quant.h) on a vector: the same operations, lane by lane, as codes in int32 lanes.
 template <Fp8Format kFormat>
-void encode(const float* __restrict src, uint8_t* __restrict dst, int64_t n, float bound) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    dst[i] = quantize_fp8<kFormat>(src[i], bound);
-  }
-}
-
-// dst[0:n] = float(src[0:n]) * inv (inv a scalar, or per element when inv_row is set).
-template <typename T>
-void widen_scaled(const T* src, float* dst, int64_t n, float inv, const float* inv_row) {
-  int64_t i = 0;
-  const fVec vinv(inv);
-  if constexpr (std::is_same_v<T, float>) {
-    for (; i + fVec::size() <= n; i += fVec::size()) {
-      const fVec s = inv_row ? fVec::loadu(inv_row + i) : vinv;
-      (fVec::loadu(src + i) * s).store(dst + i);
-    }
+iVec encode(fVec v, const fVec& bound) {
+  using E = Fp8Encoding<kFormat>;
+  const iVec in_bits = at::vec::cast<int32_t>(v);
+  const iVec nan = (in_bits & iVec(0x7FFFFFFF)) > iVec(0x7F800000);
+  v = at::vec::clamp(v, fVec(0.0f) - bound, bound);  // NaN lanes are replaced below
+  const iVec bits = at::vec::cast<int32_t>(v);
+  const iVec mag = bits & iVec(0x7FFFFFFF);
+  const iVec c = at::vec::maximum(mag & iVec(0x7F800000), iVec(E::kMinNormal)) + iVec(E::kShift);
+  const iVec steps = at::vec::cast<int32_t>(at::vec::cast<float>(mag) + at::vec::cast<float>(c)) - c;
+  const iVec code = steps + (c >> iVec(20)) - iVec(E::kOffset);
+  const iVec sign = (bits >> iVec(24)) & iVec(0x80);
+  if constexpr (kFormat == Fp8Format::E4M3FNUZ) {
+    const iVec signed_code = iVec::blendv(code | sign, iVec(0), code == iVec(0));
+    return iVec::blendv(signed_code, iVec(0x80), nan);
   } else {
-    using Vec = at::vec::Vectorized<T>;
-    for (; i + Vec::size() <= n; i += Vec::size()) {
-      auto [a, b] = at::vec::convert_to_float<T>(Vec::loadu(src + i));
-      const fVec sa = inv_row ? fVec::loadu(inv_row + i) : vinv;
-      const fVec sb = inv_row ? fVec::loadu(inv_row + i + fVec::size()) : vinv;
-      (a * sa).store(dst + i);
-      (b * sb).store(dst + i + fVec::size());
-    }
-  }
-  for (; i < n; ++i) {
-    dst[i] = static_cast<float>(src[i]) * (inv_row ? inv_row[i] : inv);
+    return iVec::blendv(code | sign, iVec(0x7F) | ((in_bits >> iVec(24)) & iVec(0x80)), nan);
   }
 }
 
-// dst[0:n] = float(src[0:n]); returns max |src| (NaN if any is NaN).
+// Narrows codes (0..255 in int32 lanes) to bytes at dst.
+void store_bytes(const iVec& codes, uint8_t* dst) {
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(codes));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i v = codes;
+  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(words, words));
+#else
+  int32_t lanes[iVec::size()];
+  codes.store(lanes);
+  for (int64_t j = 0; j < iVec::size(); ++j) {
+    dst[j] = static_cast<uint8_t>(lanes[j]);
+  }
+#endif
+}
+
+// The magnitude bits of v: non-negative floats (NaN above inf) order like these integers, so
+// their integer maximum is the NaN-propagating float maximum, one instruction per vector.
+iVec magnitude_bits(const fVec& v) {
+  return at::vec::cast<int32_t>(v) & iVec(0x7FFFFFFF);
+}
+
+float float_of_bits(int32_t b) {
+  return bits_float(static_cast<uint32_t>(b));
+}
+
+// dst[0:n] = float(src[0:n]) (unless dst is null); returns max |src| (NaN if any is NaN).
 template <typename T>
 float widen_absmax(const T* src, float* dst, int64_t n) {
   int64_t i = 0;
-  fVec m(0.0f);
+  iVec m(0);
   if constexpr (std::is_same_v<T, float>) {
     for (; i + fVec::size() <= n; i += fVec::size()) {
       const fVec a = fVec::loadu(src + i);
       if (dst != nullptr) {
         a.store(dst + i);
       }
-      m = at::vec::maximum(m, a.abs());
+      m = at::vec::maximum(m, magnitude_bits(a));
     }
   } else {
     using Vec = at::vec::Vectorized<T>;
@@ -106,33 +119,51 @@ float widen_absmax(const T* src, float* dst, int64_t n) {
         a.store(dst + i);
         b.store(dst + i + fVec::size());
       }
-      m = at::vec::maximum(m, at::vec::maximum(a.abs(), b.abs()));
+      m = at::vec::maximum(m, at::vec::maximum(magnitude_bits(a), magnitude_bits(b)));
     }
   }
-  float result = at::vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return at::vec::maximum(x, y); }, m);
+  // Reduced as floats (ATen's shuffle-based reduction) with the integer maximum.
+  const float lanes_max = at::vec::vec_reduce_all<float>(
+      [](fVec& x, fVec& y) {
+        return at::vec::cast<float>(at::vec::maximum(at::vec::cast<int32_t>(x), at::vec::cast<int32_t>(y)));
+      },
+      at::vec::cast<float>(m));
+  int32_t result = static_cast<int32_t>(float_bits(lanes_max));
   for (; i < n; ++i) {
     const float v = static_cast<float>(src[i]);
     if (dst != nullptr) {
       dst[i] = v;
     }
-    result = nan_max(result, std::abs(v));
+    result = std::max(result, static_cast<int32_t>(float_bits(v) & 0x7FFFFFFFu));
   }
-  return result;
+  return float_of_bits(result);
 }
 
-// Max |v| over float values (NaN-propagating).
-float absmax_floats(const float* src, int64_t n) {
-  return widen_absmax<float>(src, nullptr, n);
-}
-
-// out[0:n] = quantize(float(src[0:n]) * inv), through L1-sized fp32 blocks.
+// out[0:n] = quantize(float(src[0:n]) * inv) (inv per element where inv_row is set), one
+// vector at a time: widened, scaled, encoded and narrowed in registers.
 template <Fp8Format kFormat, typename T>
 void quantize_row(const T* src, uint8_t* out, int64_t n, float inv, const float* inv_row, float bound) {
-  alignas(64) float block[kBlock];
-  for (int64_t c = 0; c < n; c += kBlock) {
-    const int64_t len = std::min(kBlock, n - c);
-    widen_scaled<T>(src + c, block, len, inv, inv_row ? inv_row + c : nullptr);
-    encode<kFormat>(block, out + c, len, bound);
+  static_assert(iVec::size() == fVec::size());
+  const fVec vinv(inv);
+  const fVec vbound(bound);
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; i + fVec::size() <= n; i += fVec::size()) {
+      const fVec s = inv_row ? fVec::loadu(inv_row + i) : vinv;
+      store_bytes(encode<kFormat>(fVec::loadu(src + i) * s, vbound), out + i);
+    }
+  } else {
+    using Vec = at::vec::Vectorized<T>;
+    for (; i + Vec::size() <= n; i += Vec::size()) {
+      auto [a, b] = at::vec::convert_to_float<T>(Vec::loadu(src + i));
+      const fVec sa = inv_row ? fVec::loadu(inv_row + i) : vinv;
+      const fVec sb = inv_row ? fVec::loadu(inv_row + i + fVec::size()) : vinv;
+      store_bytes(encode<kFormat>(a * sa, vbound), out + i);
+      store_bytes(encode<kFormat>(b * sb, vbound), out + i + fVec::size());
+    }
+  }
+  for (; i < n; ++i) {
+    out[i] = quantize_fp8<kFormat>(static_cast<float>(src[i]) * (inv_row ? inv_row[i] : inv), bound);
   }
 }
 
@@ -205,30 +236,31 @@ void group_quant_rows(const GroupQuantArgs& a) {
   const float floor = fp8_min_scale(kFormat);
   const int64_t hidden = a.hidden;
   const int64_t g = a.group_size;
+  const int64_t groups = (hidden + g - 1) / g;
   const bool buffered = hidden <= kRowBuffer;
   at::parallel_for(0, a.rows, grain_size(hidden), [&](int64_t begin, int64_t end) {
-    std::vector<float> row(buffered ? hidden : std::min(g, kRowBuffer));
+    std::vector<float> row(buffered ? hidden : 0);
+    std::vector<float> absmax(groups);
     for (int64_t r = begin; r < end; ++r) {
       const T* x = input + a.input_rows.offset(r);
       uint8_t* out = a.out + r * hidden;
       float* scales = a.scales + a.scale_rows.offset(r);
-      if (buffered) {
-        widen_absmax<T>(x, row.data(), hidden);  // one read of x: widened into L1
+      // One read of x: each group widened into the row buffer (L1) while taking its absmax.
+      for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
+        absmax[k] = widen_absmax<T>(x + c, buffered ? row.data() + c : nullptr, std::min(g, hidden - c));
       }
       for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
-        const int64_t len = std::min(g, hidden - c);
-        const float absmax = buffered ? absmax_floats(row.data() + c, len) : widen_absmax<T>(x + c, nullptr, len);
-        float s = absmax / bound;
+        float s = absmax[k] / bound;
         if (a.use_ue8m0) {
           s = pow2_ceil(s);
         }
         s = s != s ? s : std::max(s, floor);
         scales[k * a.scale_group_stride] = s;
-        const float inv = 1.0f / s;
+        const int64_t len = std::min(g, hidden - c);
         if (buffered) {
-          quantize_row<kFormat, float>(row.data() + c, out + c, len, inv, nullptr, bound);
+          quantize_row<kFormat, float>(row.data() + c, out + c, len, 1.0f / s, nullptr, bound);
         } else {
-          quantize_row<kFormat, T>(x + c, out + c, len, inv, nullptr, bound);
+          quantize_row<kFormat, T>(x + c, out + c, len, 1.0f / s, nullptr, bound);
         }
       }
     }
