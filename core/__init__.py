@@ -21,6 +21,7 @@ from vllm_ir.errors import (
 )
 from vllm_ir.hookspecs import hookimpl
 from vllm_ir.ir import declarations as _declarations  # noqa: F401  (registers the core ops)
+from vllm_ir.ir.comparison import Comparison
 from vllm_ir.ir.decision_cache import dispatch_stats, reset_dispatch_stats
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
 from vllm_ir.ir.op import IrOp, register_op
@@ -65,6 +66,7 @@ def __getattr__(name: str):
 __version__ = "0.1.0"
 
 __all__ = [
+    "Comparison",
     "ConfigError",
     "ConfigWarning",
     "Platform",

@@ -17,6 +17,7 @@ from vllm_ir.testing import (
     check_odd_input,
     check_overloads,
     check_predicate_hygiene,
+    compare,
     conformance_tests,
     key_variations,
     odd_inputs,
@@ -220,3 +221,159 @@ def test_key_variations_change_one_fact_each():
     assert not any(label.startswith(("x: dimension 0", "x_residual: dimension 0")) for label in labels)
     assert {"weight: tensor -> None", "variance_size: None -> 5", "epsilon: 1e-06 -> 2e-06"} <= set(labels)
     assert {"x: rows padded by 16", "x: transposed", "x_residual: dtype float32 -> float64"} <= set(labels)
+
+
+# -- comparison modes (vllm_ir.Comparison) over the fp8 quant ops -----------------------------
+
+static_quant = vllm_ir.ops.static_quant_fp8
+dynamic_quant = vllm_ir.ops.dynamic_quant_fp8
+group_quant = vllm_ir.ops.dynamic_group_quant_fp8
+QCASE = Case((64, 128), torch.bfloat16)
+
+
+def _register_quant(op, provider: str, fn, **options):
+    op.register_impl(provider, **options)(fn)
+    return op, op.impls[provider]
+
+
+def _flip_low_bits(q: Tensor, every: int) -> Tensor:
+    """q with the lowest mantissa bit of every ``every``-th element flipped: one fp8 step off."""
+    flat = q.view(torch.uint8).clone().reshape(-1)
+    flat[::every] ^= 1
+    return flat.reshape(q.shape).view(q.dtype)
+
+
+def test_dequantized_mode_allows_a_few_one_step_differences():
+    def few(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
+        q, s = dynamic_quant.fn(x, per_token, fp8_dtype, scale_ub, num_token_padding)
+        return _flip_low_bits(q, 1000), s  # 0.1% of the elements, one step each
+
+    outcome = check_numerics(*_register_quant(dynamic_quant, "kit_q_few", few), QCASE)
+    assert outcome.status == "ok"
+
+
+def test_dequantized_mode_catches_too_many_differing_elements():
+    def many(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
+        q, s = dynamic_quant.fn(x, per_token, fp8_dtype, scale_ub, num_token_padding)
+        return _flip_low_bits(q, 100), s  # 1% > 0.2%
+
+    with pytest.raises(AssertionError, match=r"quantized elements \(1\.\d\d%\) differ from native"):
+        check_numerics(*_register_quant(dynamic_quant, "kit_q_many", many), QCASE)
+
+
+def test_dequantized_mode_catches_values_far_from_x():
+    def far(x, scale, fp8_dtype, num_token_padding=None):
+        # A systematic error: q of 0.8 x (every element is off, by more than the 15% allowed)
+        return static_quant.fn(x * 0.8, scale, fp8_dtype, num_token_padding)
+
+    options = dict(max_mismatch=1.0)  # with the mismatch bound lifted, dequantized closeness catches it
+    spec = static_quant.comparison
+    static_quant.set_comparison(type(spec)(**{**spec.__dict__, **options}))
+    try:
+        with pytest.raises(AssertionError, match=r"dequantized values \(q \* scale\) are not within"):
+            check_numerics(*_register_quant(static_quant, "kit_q_far", far), QCASE)
+    finally:
+        static_quant.set_comparison(spec)
+
+
+def test_dequantized_mode_catches_wrong_scales_above_the_floor():
+    def wrong_scale(x, group_size, column_major, use_ue8m0, fp8_dtype):
+        q, s = group_quant.fn(x, group_size, column_major, use_ue8m0, fp8_dtype)
+        return q, s * 1.001
+
+    with pytest.raises(AssertionError, match=r"output 1 \(scales\).*above the floor"):
+        check_numerics(*_register_quant(group_quant, "kit_q_scale", wrong_scale), Case((4, 256), torch.float32))
+
+
+def test_dequantized_mode_ignores_scales_at_or_below_the_floor():
+    floor = 1.0 / (448 * 512)
+
+    def eps_floor(x, group_size, column_major, use_ue8m0, fp8_dtype):
+        # vLLM's kernels floor at 1e-10 / fp8_max: all-zero groups get another scale, the same q.
+        q, s = group_quant.fn(x, group_size, column_major, use_ue8m0, fp8_dtype)
+        return q, torch.where(s <= floor, torch.full_like(s, 1e-10 / 448), s)
+
+    op, impl = _register_quant(group_quant, "kit_q_floor", eps_floor)
+    args = list(op.generate_inputs((4, 256), torch.float32))
+    args[0][:, :128] = 0  # one all-zero group per row
+    expected, actual = op.fn(*args), eps_floor(*args)
+    assert not torch.equal(expected[1], actual[1])
+    compare(op, impl, Case((4, 256), torch.float32), actual, expected, tuple(args))
+
+
+def test_padding_rows_are_not_compared_but_valid_rows_are():
+    def garbage_padding(x, scale, fp8_dtype, num_token_padding=None):
+        q = static_quant.fn(x, scale, fp8_dtype, num_token_padding).clone()
+        q.view(torch.uint8)[x.shape[0] :] = 0x55
+        return q
+
+    def wrong_last_row(x, scale, fp8_dtype, num_token_padding=None):
+        q = static_quant.fn(x, scale, fp8_dtype, num_token_padding).clone()
+        q.view(torch.uint8)[x.shape[0] - 1] ^= 0x08  # a whole row off by a binade
+        return q
+
+    case = Case((3, 64), torch.float32, "padded", {"num_token_padding": 8})
+    assert check_numerics(*_register_quant(static_quant, "kit_q_pad", garbage_padding, exact=True), case).status == "ok"
+    with pytest.raises(AssertionError, match="elements differ from native's bytes"):
+        check_numerics(*_register_quant(static_quant, "kit_q_row", wrong_last_row, exact=True), case)
+
+
+def test_exact_claim_on_a_quant_op_is_bitwise():
+    def one_off(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
+        q, s = dynamic_quant.fn(x, per_token, fp8_dtype, scale_ub, num_token_padding)
+        return _flip_low_bits(q, q.numel() + 1), s  # one element, one step
+
+    # Allowed by the dequantized mode, not under a claim of exactness.
+    assert check_numerics(*_register_quant(dynamic_quant, "kit_q_one", one_off), QCASE).status == "ok"
+    with pytest.raises(AssertionError, match="1 of 8192 elements differ from native's bytes"):
+        check_numerics(*_register_quant(dynamic_quant, "kit_q_one_exact", one_off, exact=True), QCASE)
+
+
+def test_strides_of_column_major_scales_are_checked():
+    def row_major(x, group_size, column_major, use_ue8m0, fp8_dtype):
+        q, s = group_quant.fn(x, group_size, column_major, use_ue8m0, fp8_dtype)
+        return q, s.contiguous()  # the right values, the wrong layout
+
+    case = Case((5, 64), torch.float32, "column_major", {"group_size": 16, "column_major": True})
+    with pytest.raises(AssertionError, match=r"output 1: strides \(4, 1\), native's are \(1, 5\)"):
+        check_numerics(*_register_quant(group_quant, "kit_q_layout", row_major), case)
+
+
+def test_strided_input_must_give_the_bytes_of_a_contiguous_one():
+    def layout_dependent(x, scale, fp8_dtype, num_token_padding=None):
+        q = static_quant.fn(x, scale, fp8_dtype, num_token_padding)
+        return q if x.is_contiguous() else _flip_low_bits(q, q.numel() + 1)
+
+    case = Case((5, 64), torch.float32, row_padding=16)
+    with pytest.raises(AssertionError, match="a strided input gives other values than a contiguous copy"):
+        check_numerics(*_register_quant(static_quant, "kit_q_strided", layout_dependent), case)
+
+
+def test_exact_comparison_mode_holds_every_implementation_to_zero_tolerance():
+    spec = rms_norm.comparison
+    rms_norm.set_comparison(vllm_ir.Comparison("exact"))
+    try:
+
+        def ulp_off(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+            out = rms_norm.fn(x, weight, epsilon, variance_size)
+            return torch.nextafter(out, torch.full_like(out, float("inf")))
+
+        with pytest.raises(AssertionError, match=r"atol, rtol = \(0\.0, 0\.0\)"):
+            check_numerics(*_register("kit_exact_mode", ulp_off), CASE)
+    finally:
+        rms_norm.set_comparison(spec)
+
+
+def test_comparison_declarations_are_checked():
+    with pytest.raises(vllm_ir.RegistrationError, match="comparison mode must be one of"):
+        vllm_ir.Comparison("close enough")
+    with pytest.raises(vllm_ir.RegistrationError, match="needs quantized output indices"):
+        vllm_ir.Comparison("dequantized")
+    with pytest.raises(vllm_ir.RegistrationError, match=r"set_comparison needs a vllm_ir\.Comparison"):
+        rms_norm.set_comparison("exact")
+
+
+def test_fp8_dtype_argument_is_a_key_variation():
+    args = static_quant.generate_inputs((3, 64), torch.bfloat16)
+    labels = [label for label, _ in key_variations(static_quant, args)]
+    assert "fp8_dtype: float8_e4m3fn -> float8_e4m3fnuz" in labels

@@ -18,6 +18,7 @@ from vllm_ir.errors import RegistrationError
 from vllm_ir.ir import dispatch as _dispatch
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import registry, selection, signature, torch_library
+from vllm_ir.ir.comparison import Comparison
 from vllm_ir.ir.decision_cache import DecisionCache
 from vllm_ir.ir.impl import NATIVE, RESERVED_PROVIDERS, IrOpImpl, Unsupported
 from vllm_ir.ir.priority import Mode, PriorityEntry
@@ -92,6 +93,8 @@ class IrOp:
         self.input_variants: dict[str, dict[str, Any]] = {}
         #: Input variants ``vllm-ir bench`` measures besides the default inputs.
         self.benchmark_variants: list[str] = []
+        #: How the conformance kit compares implementations with native (`set_comparison`).
+        self.comparison = Comparison()
         self.__doc__ = fn.__doc__
         self.decision_cache = DecisionCache(self)
         self._library = torch_library.define(self, self._run_functional)
@@ -322,6 +325,16 @@ class IrOp:
                     op=self.name,
                 )
         self._tolerances[dtype] = (float(atol), float(rtol))
+
+    def set_comparison(self, comparison: Comparison) -> None:
+        """Choose how the conformance kit compares implementations with native (`Comparison`):
+        per-dtype tolerance (the default), exact, or dequantized values for quantizing ops."""
+        if not isinstance(comparison, Comparison):
+            raise RegistrationError(
+                f"op {self.name!r}: set_comparison needs a vllm_ir.Comparison, got {type(comparison).__name__}",
+                op=self.name,
+            )
+        self.comparison = comparison
 
     def input_generator(self, fn: InputGenerator) -> InputGenerator:
         """Register ``fn(shape, dtype, device, **options) -> args`` that makes realistic inputs."""

@@ -80,25 +80,65 @@ def _run_selected(op: IrOp, impl: IrOpImpl, args: tuple, overload: str = "defaul
 
 
 def tolerance(op: IrOp, impl: IrOpImpl, dtype: torch.dtype) -> tuple[float, float]:
-    """(atol, rtol): zero for an implementation that claims ``exact``, else the op's for ``dtype``."""
-    return (0.0, 0.0) if impl.exact else op.tolerance(dtype)
+    """(atol, rtol): zero for an implementation that claims ``exact`` or an op compared exactly,
+    else the op's for ``dtype``."""
+    return (0.0, 0.0) if impl.exact or op.comparison.mode == "exact" else op.tolerance(dtype)
 
 
-def compare(op: IrOp, impl: IrOpImpl, case: Case, actual: Any, expected: Any) -> tuple[float, float]:
-    """Assert ``actual`` matches native within the op's tolerance; returns (max abs error, worst ratio)."""
+def compare(
+    op: IrOp, impl: IrOpImpl, case: Case, actual: Any, expected: Any, args: tuple | None = None
+) -> tuple[float, float]:
+    """Assert ``actual`` matches native as the op's comparison mode says (`vllm_ir.Comparison`);
+    returns (max abs error, worst ratio).
+
+    ``args`` (the call's arguments) are needed for what depends on them: valid rows of padded
+    outputs and dequantization; without them every row is compared and the dequantized
+    closeness is skipped (bitwise, mismatch and scale checks still apply).
+    """
     got, want = _tensors(actual), _tensors(expected)
     assert len(got) == len(want), f"{_who(op, impl, case)}: {len(got)} outputs, native returns {len(want)}"
-    worst_abs, worst_ratio = 0.0, 0.0
+    spec = op.comparison
     for i, (a, e) in enumerate(zip(got, want, strict=True)):
         where = f"{_who(op, impl, case)}, output {i}"
         assert a.shape == e.shape, f"{where}: shape {tuple(a.shape)}, native {tuple(e.shape)}"
         assert a.dtype == e.dtype, f"{where}: dtype {a.dtype}, native {e.dtype}"
+        if spec.check_strides and e.numel():  # an empty tensor's strides mean nothing
+            _check_strides(a, e, where)
+    rows = spec.valid_rows(args) if spec.valid_rows is not None and args is not None else None
+    if rows is not None:
+        got = [t[:rows] if i in spec.padded else t for i, t in enumerate(got)]
+        want = [t[:rows] if i in spec.padded else t for i, t in enumerate(want)]
+    if spec.mode == "dequantized" and not impl.exact:
+        return _compare_dequantized(op, impl, case, got, want, args)
+    return _compare_tolerance(op, impl, case, got, want)
+
+
+def _check_strides(a: torch.Tensor, e: torch.Tensor, where: str) -> None:
+    """Native's memory layout (e.g. column-major scales), over the dimensions longer than one."""
+    mine = [s for s, n in zip(a.stride(), a.shape, strict=True) if n > 1]
+    native = [s for s, n in zip(e.stride(), e.shape, strict=True) if n > 1]
+    assert mine == native, f"{where}: strides {a.stride()}, native's are {e.stride()} (shape {tuple(e.shape)})"
+
+
+def _compare_tolerance(
+    op: IrOp, impl: IrOpImpl, case: Case, got: list[torch.Tensor], want: list[torch.Tensor]
+) -> tuple[float, float]:
+    worst_abs, worst_ratio = 0.0, 0.0
+    for i, (a, e) in enumerate(zip(got, want, strict=True)):
+        where = f"{_who(op, impl, case)}, output {i}"
         if e.numel() == 0:
             continue
         if e.device.type == "meta":  # no values: shape, dtype and device are the whole answer
             assert a.device.type == "meta", f"{where}: on {a.device}, native returns a meta tensor"
             continue
         atol, rtol = tolerance(op, impl, case.dtype)
+        if atol == rtol == 0.0 and e.element_size() == 1:  # fp8 and int8: bit for bit
+            differ = _differ(a, e)
+            assert not differ.any().item(), (
+                f"{where}: {int(differ.sum().item())} of {e.numel()} elements differ from native's bytes "
+                f"(first at index {tuple(differ.nonzero()[0].tolist())}); the comparison is exact"
+            )
+            continue
         a64, e64 = a.detach().to("cpu", torch.float64), e.detach().to("cpu", torch.float64)
         nan_mismatch = (a64.isnan() != e64.isnan()).any().item()
         assert not nan_mismatch, f"{where}: NaN where native has none (or the reverse)"
@@ -118,6 +158,81 @@ def compare(op: IrOp, impl: IrOpImpl, case: Case, actual: Any, expected: Any) ->
     return worst_abs, worst_ratio
 
 
+def _compare_dequantized(
+    op: IrOp, impl: IrOpImpl, case: Case, got: list[torch.Tensor], want: list[torch.Tensor], args: tuple | None
+) -> tuple[float, float]:
+    """The quantized-op mode: mismatch fraction, scales above the floor, dequantized closeness."""
+    spec = op.comparison
+    who = _who(op, impl, case)
+    for i in spec.quantized:
+        a, e = got[i], want[i]
+        if e.numel() == 0:
+            continue
+        differ = _differ(a, e)
+        mismatched = int(differ.sum().item())
+        # A fraction of a tiny tensor is less than one element: one differing element is allowed there.
+        allowed = max(1, math.floor(spec.max_mismatch * e.numel()))
+        assert mismatched <= allowed, (
+            f"{who}, output {i}: {mismatched} of {e.numel()} quantized elements ({mismatched / e.numel():.2%}) "
+            f"differ from native; at most {spec.max_mismatch:.2%} may"
+        )
+    floor = spec.scale_floor(args) if spec.scale_floor is not None and args is not None else 0.0
+    atol, rtol = op.tolerance(torch.float32)
+    worst_abs, worst_ratio = 0.0, 0.0
+    for i in spec.scales:
+        a, e = got[i].to(torch.float64), want[i].to(torch.float64)
+        above = e > floor  # at or below the floor providers floor differently (and q is the same)
+        err = (a - e).abs()[above]
+        if err.numel():
+            worst_abs = max(worst_abs, err.max().item())
+            ratio = (err / (atol + rtol * e.abs()[above])).max().item()
+            worst_ratio = max(worst_ratio, ratio)
+            assert ratio <= 1.0, (
+                f"{who}, output {i} (scales): max abs error {err.max().item():.3g} is {ratio:.2f}x the float32 "
+                f"tolerance where native's scale is above the floor {floor:.3g}"
+            )
+        nan_mismatch = (a.isnan() != e.isnan()).any().item()
+        assert not nan_mismatch, f"{who}, output {i} (scales): NaN where native has none (or the reverse)"
+    if args is not None and spec.dequantize is not None:
+        x = args[0].to(torch.float64)
+        mine = spec.dequantize(args, tuple(got)).to(torch.float64)
+        native = spec.dequantize(args, tuple(want)).to(torch.float64)
+        allowed = spec.atol + spec.rtol * x.abs()
+        # Where native cannot represent x (clamped to the fp8 range, scale_ub) no one has to.
+        representable = (native - x).abs() <= allowed
+        bad = representable & ~((mine - x).abs() <= allowed)
+        assert not bad.any().item(), (
+            f"{who}: {int(bad.sum().item())} dequantized values (q * scale) are not within "
+            f"atol {spec.atol} + rtol {spec.rtol} * |x| of x where native's are; first at index "
+            f"{tuple(bad.nonzero()[0].tolist())}: x {x[bad][0].item():.4g}, dequantized {mine[bad][0].item():.4g}"
+        )
+    return worst_abs, worst_ratio
+
+
+def _differ(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Elementwise: the values differ (bytes for 1-byte dtypes, so NaN encodings count too)."""
+    if a.element_size() == 1 and a.dtype == e.dtype:
+        return a.view(torch.uint8) != e.view(torch.uint8)
+    a64, e64 = a.to(torch.float64), e.to(torch.float64)
+    return (a64 != e64) & ~(a64.isnan() & e64.isnan())
+
+
+def check_layout_invariance(op: IrOp, impl: IrOpImpl, case: Case, args: tuple, actual: Any) -> None:
+    """A strided input gives byte-identical results to a contiguous copy of it (valid rows)."""
+    contiguous = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+    if all(c is a for c, a in zip(contiguous, args, strict=True)):
+        return
+    again = _run_selected(op, impl, contiguous)
+    spec = op.comparison
+    rows = spec.valid_rows(args) if spec.valid_rows is not None else None
+    for i, (a, b) in enumerate(zip(_tensors(actual), _tensors(again), strict=True)):
+        if rows is not None and i in spec.padded:
+            a, b = a[:rows], b[:rows]
+        assert a.shape == b.shape and not _differ(a, b).any().item(), (
+            f"{_who(op, impl, case)}, output {i}: a strided input gives other values than a contiguous copy of it"
+        )
+
+
 def check_numerics(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") -> Outcome:
     """Against native with the op's per-dtype tolerance, or a reasoned refusal."""
     args = case.make_args(op, device)
@@ -127,7 +242,9 @@ def check_numerics(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") ->
     else:
         expected = op.fn(*args)
         actual = _run_selected(op, impl, args)
-        abs_err, ratio = compare(op, impl, case, actual, expected)
+        abs_err, ratio = compare(op, impl, case, actual, expected, args)
+        if op.comparison.layout_invariant:
+            check_layout_invariance(op, impl, case, args, actual)
         outcome = Outcome(op.name, impl.provider, case.id, "ok", None, abs_err, ratio)
     OUTCOMES.append(outcome)
     return outcome
@@ -271,7 +388,7 @@ def check_odd_input(op: IrOp, impl: IrOpImpl, dtype: torch.dtype, label: str) ->
         f"{who}: returns a result, but native raises {type(native_error).__name__}: {native_error}. "
         "A call native rejects has no result: decline it in supports_args (or raise)"
     )
-    abs_err, ratio = compare(op, impl, case, actual, expected)
+    abs_err, ratio = compare(op, impl, case, actual, expected, args)
     outcome = Outcome(op.name, impl.provider, case.id, "ok", None, abs_err, ratio)
     OUTCOMES.append(outcome)
     return outcome
@@ -381,4 +498,4 @@ def check_compiled(op: IrOp, impl: IrOpImpl, case: Case) -> None:
     assert set(selected.values()) == {eager_choice}, (
         f"{_who(op, impl, case)}: eager dispatch picks {eager_choice!r}, lowering picked {selected}"
     )
-    compare(op, impl, case, actual, expected)
+    compare(op, impl, case, actual, expected, args)

@@ -22,6 +22,8 @@ from vllm_ir.testing.cases import row_strided
 
 #: Every tensor argument is tried in each of these dtypes.
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+#: A dtype argument (e.g. an fp8 output dtype) is tried as each of these.
+DTYPE_ARGUMENTS = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float32)
 #: Row padding of the "row-padded" layout (another one when the base call is padded already).
 ROW_PADDING = 16
 
@@ -111,6 +113,11 @@ def _scalar_values(param: inspect.Parameter, value: Any, donated: list[Any]) -> 
             if other is not None:
                 yield f"None -> {other!r}", other
                 return
+        return
+    if isinstance(value, torch.dtype):
+        for other in DTYPE_ARGUMENTS:
+            if other != value:
+                yield f"{_name(value)} -> {_name(other)}", other
         return
     if isinstance(value, bool):
         yield f"{value} -> {not value}", not value

@@ -1,0 +1,367 @@
+"""FP8 quantization: static (given scales), dynamic (per-tensor / per-token) and per-group.
+
+Conventions (vLLM's, see shared/OPS.md 4.3-4.6): scales are float32 and dequantize as
+``x ~ q.float() * scale``; conversion is clamp to the fp8 range, then a round-to-nearest-even
+cast. ``float8_e4m3fn`` clamps to +-448, ``float8_e4m3fnuz`` to +-224 as vLLM does on ROCm
+(torch's finfo says 240, which vLLM found to lose accuracy). Dynamic scales never go below
+``1 / (fp8_max * 512)``.
+
+Choices where vLLM's kernels and its native code differ (kernels may match native exactly; the
+conformance kit compares others by dequantized values, `vllm_ir.Comparison.dequantized`):
+
+- every op multiplies by the scale's reciprocal (vLLM's native and static kernels do; its
+  dynamic CUDA kernels divide, which differs by one fp8 step on rare elements);
+- the group op's UE8M0 scale is the exact power-of-two ceiling of ``absmax / fp8_max`` (from
+  the float's bits; vLLM's ``exp2(ceil(log2(s)))`` equals it except where ``log2`` rounds);
+- the group op's floor is native vLLM's ``1 / (fp8_max * 512)``, applied after the UE8M0
+  rounding (vLLM's kernels use ``1e-10 / fp8_max``: only groups whose absmax is below the
+  floor get other scales, and their q is the same);
+- ``num_token_padding`` pads q's rows with zeros (2-D x only); kernels may leave those rows
+  unwritten, so they are unspecified (the kit compares the first ``x.shape[0]`` rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from vllm_ir.ir.comparison import Comparison
+from vllm_ir.ir.op import register_op
+
+#: The fp8 dtypes these ops produce, with the range they clamp to.
+FP8_RANGES: dict[torch.dtype, float] = {
+    torch.float8_e4m3fn: 448.0,
+    torch.float8_e4m3fnuz: 224.0,
+}
+
+
+def fp8_max(fp8_dtype: torch.dtype, op: str) -> float:
+    """The clamp bound for ``fp8_dtype``; a ValueError naming ``op`` for any other dtype."""
+    bound = FP8_RANGES.get(fp8_dtype)
+    if bound is None:
+        known = ", ".join(str(d) for d in FP8_RANGES)
+        raise ValueError(f"{op}: fp8_dtype must be one of {known}, got {fp8_dtype}")
+    return bound
+
+
+def min_scale(fp8_dtype: torch.dtype, op: str) -> float:
+    """The smallest dynamic scale, ``1 / (fp8_max * 512)`` (vLLM's FP8_MIN_SCALING_FACTOR)."""
+    return 1.0 / (fp8_max(fp8_dtype, op) * 512.0)
+
+
+def broadcast_scale(scale: Tensor, x: Tensor, op: str = "static_quant_fp8") -> Tensor:
+    """``scale`` (float32) expanded to broadcast against ``x``, following vLLM's group_broadcast.
+
+    One element: per-tensor. 1-D of length ``K = x.shape[-1]``: per-channel; 1-D of the row
+    count: per-token. Otherwise the scale has x's rank and each of its sizes divides x's: every
+    scale covers a block of x (``[T, 1]`` per-token, ``[1, K]`` per-channel, ``[T, K/128]``,
+    ``[T/128, K/128]``, ...).
+    """
+    scale = scale.to(torch.float32)
+    if scale.numel() == 1:
+        return scale.reshape(())
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x is 0-d but the scale has {scale.numel()} elements")
+    hidden = x.shape[-1]
+    if scale.dim() == 1:
+        if scale.shape[0] == hidden:
+            return scale
+        if scale.shape[0] * hidden == x.numel():
+            return scale.reshape(*x.shape[:-1], 1)
+        raise ValueError(
+            f"{op}: a 1-D scale must have 1, {hidden} (per-channel) or {x.numel() // max(hidden, 1)} "
+            f"(per-token) elements, got {scale.shape[0]}"
+        )
+    if scale.dim() != x.dim():
+        raise ValueError(f"{op}: scale of shape {list(scale.shape)} does not group x of shape {list(x.shape)}")
+    for d in range(x.dim()):
+        size, groups = x.shape[d], scale.shape[d]
+        if size == groups:
+            continue
+        if groups == 0 or size % groups:
+            raise ValueError(
+                f"{op}: scale of shape {list(scale.shape)} does not divide x of shape {list(x.shape)} "
+                f"along dimension {d}"
+            )
+        scale = scale.repeat_interleave(size // groups, dim=d)
+    return scale
+
+
+def _quantize(xf: Tensor, inverse_scale: Tensor, fp8_dtype: torch.dtype, bound: float) -> Tensor:
+    return (xf * inverse_scale).clamp(-bound, bound).to(fp8_dtype)
+
+
+def _pad_tokens(q: Tensor, num_token_padding: int | None, op: str) -> Tensor:
+    if num_token_padding is None:
+        return q
+    if q.dim() != 2:
+        raise ValueError(f"{op}: num_token_padding needs a 2-D x, got {q.dim()}-D")
+    extra = num_token_padding - q.shape[0]
+    return torch.nn.functional.pad(q.view(torch.uint8), (0, 0, 0, extra)).view(q.dtype) if extra > 0 else q
+
+
+@register_op(token_params=("x", "scale"))
+def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
+    """``clamp(x * (1 / scale), -fp8_max, fp8_max)`` cast to ``fp8_dtype``, in float32.
+
+    ``scale`` is per-tensor, per-token ``[T, 1]``, per-channel ``[K]``/``[1, K]`` or a 2-D
+    group scale (see `broadcast_scale`). With ``num_token_padding`` q has at least that many
+    rows, the extra ones zero.
+    """
+    bound = fp8_max(fp8_dtype, "static_quant_fp8")
+    inverse = broadcast_scale(scale, x).reciprocal()
+    q = _quantize(x.to(torch.float32), inverse, fp8_dtype, bound)
+    return _pad_tokens(q, num_token_padding, "static_quant_fp8")
+
+
+@register_op
+def dynamic_quant_fp8(
+    x: Tensor,
+    per_token: bool,
+    fp8_dtype: torch.dtype,
+    scale_ub: Tensor | None = None,
+    num_token_padding: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(q, scale)`` with ``scale = max(min(absmax, scale_ub) / fp8_max, 1 / (fp8_max * 512))``.
+
+    The absmax is per row (``scale`` of shape ``[*x.shape[:-1], 1]``) or over the whole tensor
+    (shape ``[1]``; an empty x has absmax 0); ``scale_ub`` bounds it in both modes. q is
+    `static_quant_fp8` of x with that scale.
+    """
+    op = "dynamic_quant_fp8"
+    bound = fp8_max(fp8_dtype, op)
+    xf = x.to(torch.float32)
+    if per_token:
+        absmax = xf.abs().amax(dim=-1, keepdim=True)
+    else:
+        absmax = xf.abs().amax().reshape(1) if x.numel() else xf.new_zeros(1)
+    if scale_ub is not None:
+        absmax = torch.minimum(absmax, scale_ub.to(torch.float32))
+    scale = (absmax / bound).clamp(min=min_scale(fp8_dtype, op))
+    q = _quantize(xf, scale.reciprocal(), fp8_dtype, bound)
+    return _pad_tokens(q, num_token_padding, op), scale
+
+
+def pow2_ceil(s: Tensor) -> Tensor:
+    """The smallest power of two >= ``s`` (float32, s >= 0), from the bits: UE8M0 scales.
+
+    vLLM computes ``exp2(ceil(log2(s)))``; that equals this except where ``log2`` rounds an
+    argument just above a power of two down to an integer. Zero stays zero, NaN and inf stay.
+    """
+    bits = s.view(torch.int32)
+    inexact = (bits & 0x7FFFFF) != 0
+    rounded = (((bits >> 23) + inexact.to(torch.int32)) << 23).view(torch.float32)
+    return torch.where(torch.isfinite(s), rounded, s)
+
+
+@register_op
+def dynamic_group_quant_fp8(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """``(q, scales)``: one scale per ``group_size`` consecutive elements of each row.
+
+    ``scales[..., g] = max(absmax(group g) / fp8_max, 1 / (fp8_max * 512))``, first rounded up
+    to a power of two if ``use_ue8m0``; shape ``[*x.shape[:-1], ceil(K / group_size)]`` (a last
+    partial group is quantized as if zero-padded). ``column_major``: the scales' last two
+    dimensions are transposed in memory (strides ``(1, M)`` for 2-D x), as DeepGEMM reads them.
+    """
+    op = "dynamic_group_quant_fp8"
+    bound = fp8_max(fp8_dtype, op)
+    if group_size < 1:
+        raise ValueError(f"{op}: group_size must be >= 1, got {group_size}")
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x is 0-d")
+    if column_major and x.dim() < 2:
+        raise ValueError(f"{op}: column_major scales need x of 2 or more dimensions, got {x.dim()}-D")
+    hidden = x.shape[-1]
+    groups = math.ceil(hidden / group_size)
+    xf = x.to(torch.float32)
+    pad = groups * group_size - hidden
+    if pad:
+        xf = torch.nn.functional.pad(xf, (0, pad))
+    grouped = xf.unflatten(-1, (groups, group_size))
+    scale = grouped.abs().amax(dim=-1) / bound
+    if use_ue8m0:
+        scale = pow2_ceil(scale)
+    scale = scale.clamp(min=min_scale(fp8_dtype, op))
+    q = _quantize(grouped, scale.reciprocal().unsqueeze(-1), fp8_dtype, bound).flatten(-2)
+    if pad:
+        q = q[..., :hidden].contiguous()
+    if column_major:
+        scale = scale.transpose(-2, -1).contiguous().transpose(-2, -1)
+    return q, scale
+
+
+# -- test inputs and comparison --------------------------------------------------------------
+
+
+def _activation(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Tensor:
+    """N(0, 1) activations with a few outliers (x8), as real activations have."""
+    x = torch.randn(shape, generator=g, dtype=torch.float32)
+    outliers = torch.rand(shape, generator=g) < 0.01
+    return torch.where(outliers, x * 8, x).to(device=device, dtype=dtype)
+
+
+def _static_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    granularity: str = "tensor",
+    group: tuple[int, int] = (1, 16),
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    num_token_padding: int | None = None,
+    seed: int = 0,
+) -> tuple:
+    """x plus a scale 1.25x the absmax over each block (no clamping), for each granularity:
+    ``tensor`` ([1]), ``token`` ([T, 1]), ``channel`` ([K]), ``channel_2d`` ([1, K]), ``group``
+    (2-D blocks of ``group`` = (rows, columns), clipped to x's size)."""
+    g = torch.Generator().manual_seed(seed)
+    x = _activation(shape, dtype, device, g)
+    a = x.to(torch.float32).abs()
+    bound = fp8_max(fp8_dtype, "static_quant_fp8")
+    rows = a.reshape(-1, shape[-1]) if len(shape) else a.reshape(1, 1)
+
+    def block_max(r: int, c: int) -> Tensor:
+        t, k = rows.shape
+        if t == 0:
+            return rows.new_zeros(0, math.ceil(k / c))
+        padded = torch.nn.functional.pad(rows, (0, -k % c, 0, -t % r))
+        return padded.unflatten(1, (-1, c)).unflatten(0, (-1, r)).amax(dim=(1, 3))
+
+    if granularity == "group" and len(shape) != 2:
+        granularity = "tensor" if len(shape) < 2 else "token"  # 2-D blocks need a 2-D x
+    if granularity == "tensor":
+        m = a.max().reshape(1) if a.numel() else a.new_ones(1)
+    elif granularity == "token":
+        m = rows.amax(dim=-1, keepdim=True) if rows.shape[-1] else rows.new_ones(rows.shape[0], 1)
+        m = m.reshape(*shape[:-1], 1)
+    elif granularity in ("channel", "channel_2d"):
+        m = rows.amax(dim=0) if rows.shape[0] else rows.new_ones(rows.shape[1])
+        m = m if granularity == "channel" else m.reshape(*[1] * (len(shape) - 1), -1)
+    elif granularity == "group":
+        t, k = rows.shape
+        r, c = max(1, min(group[0], t)), max(1, min(group[1], k))
+        # Blocks must divide x: fall back to whole rows / columns where they do not.
+        r = r if t % r == 0 else 1
+        c = c if k % c == 0 else k
+        m = block_max(r, c) if k else rows.new_ones(t, 1)
+    else:
+        raise ValueError(f"unknown granularity {granularity!r}")
+    scale = (m.clamp(min=1e-3) * 1.25 / bound).to(device)
+    return x, scale, fp8_dtype, _padding(shape, num_token_padding)
+
+
+def _dynamic_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    per_token: bool = True,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    scale_ub: float | None = None,
+    num_token_padding: int | None = None,
+    seed: int = 0,
+) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    x = _activation(shape, dtype, device, g)
+    ub = None if scale_ub is None else torch.tensor([scale_ub], dtype=torch.float32, device=device)
+    return x, per_token, fp8_dtype, ub, _padding(shape, num_token_padding)
+
+
+def _padding(shape: tuple[int, ...], num_token_padding: int | None) -> int | None:
+    """Padding applies to 2-D x only (other shapes get none rather than an error)."""
+    return num_token_padding if len(shape) == 2 else None
+
+
+def _group_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    group_size: int = 128,
+    column_major: bool = False,
+    use_ue8m0: bool = False,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    seed: int = 0,
+) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    column_major = column_major and len(shape) >= 2  # a 1-D x has no column-major scales
+    return _activation(shape, dtype, device, g), group_size, column_major, use_ue8m0, fp8_dtype
+
+
+static_quant_fp8.input_generator(_static_inputs)
+dynamic_quant_fp8.input_generator(_dynamic_inputs)
+dynamic_group_quant_fp8.input_generator(_group_inputs)
+
+for _name, _options in {
+    "per_token": {"granularity": "token"},
+    "per_channel": {"granularity": "channel"},
+    "per_channel_2d": {"granularity": "channel_2d"},
+    "group_1x16": {"granularity": "group", "group": (1, 16)},
+    "group_2x32": {"granularity": "group", "group": (2, 32)},
+    "e4m3fnuz": {"fp8_dtype": torch.float8_e4m3fnuz},
+    "padded": {"num_token_padding": 8},
+}.items():
+    static_quant_fp8.add_input_variant(_name, **_options)
+
+for _name, _options in {
+    "per_tensor": {"per_token": False},
+    "scale_ub": {"scale_ub": 2.0},
+    "per_tensor_scale_ub": {"per_token": False, "scale_ub": 2.0},
+    "e4m3fnuz": {"fp8_dtype": torch.float8_e4m3fnuz},
+    "padded": {"num_token_padding": 8},
+}.items():
+    dynamic_quant_fp8.add_input_variant(_name, **_options)
+
+for _name, _options in {
+    "group_64": {"group_size": 64},
+    "group_32": {"group_size": 32},
+    "group_16": {"group_size": 16},
+    "column_major": {"group_size": 16, "column_major": True},
+    "ue8m0": {"group_size": 16, "use_ue8m0": True},
+    "e4m3fnuz": {"group_size": 16, "fp8_dtype": torch.float8_e4m3fnuz},
+}.items():
+    dynamic_group_quant_fp8.add_input_variant(_name, **_options)
+
+
+def _valid_rows(args: tuple) -> int | None:
+    """q's rows beyond x's are padding (unspecified in kernels)."""
+    x = args[0]
+    return x.shape[0] if x.dim() == 2 else None
+
+
+def _dequantize_static(args: tuple, outputs: tuple) -> Tensor:
+    x, scale = args[0], args[1]
+    return outputs[0].to(torch.float32) * broadcast_scale(scale, x)
+
+
+def _dequantize_dynamic(args: tuple, outputs: tuple) -> Tensor:
+    q, scale = outputs
+    return q.to(torch.float32) * scale
+
+
+def _dequantize_group(args: tuple, outputs: tuple) -> Tensor:
+    x, group_size = args[0], args[1]
+    q, scale = outputs
+    return q.to(torch.float32) * scale.repeat_interleave(group_size, dim=-1)[..., : x.shape[-1]]
+
+
+def _floor(args: tuple) -> float:
+    fp8_dtype = next(a for a in args if isinstance(a, torch.dtype))
+    return min_scale(fp8_dtype, "fp8 quant")
+
+
+static_quant_fp8.set_comparison(
+    Comparison.dequantized(quantized=(0,), dequantize=_dequantize_static, valid_rows=_valid_rows)
+)
+dynamic_quant_fp8.set_comparison(
+    Comparison.dequantized(
+        quantized=(0,), scales=(1,), dequantize=_dequantize_dynamic, scale_floor=_floor, valid_rows=_valid_rows
+    )
+)
+dynamic_group_quant_fp8.set_comparison(
+    Comparison.dequantized(quantized=(0,), scales=(1,), dequantize=_dequantize_group, scale_floor=_floor)
+)

@@ -1,0 +1,280 @@
+// The FP8 quantization family on CUDA (static_quant_fp8, dynamic_quant_fp8 per-token and
+// per-tensor, dynamic_group_quant_fp8) and its torch side (CUDA registrations; the schemas are
+// defined by cpu/quant.cpp).
+//
+// Same numerics as the CPU kernels and the op declarations, from csrc/quant.h: the fp32
+// reciprocal of the scale (IEEE division), clamp, c10's round-to-nearest-even encoding, and
+// NaN-propagating maxima; so results are bit-identical to native's. Maxima of non-negative
+// floats are order-independent: the per-tensor absmax combines blocks with atomicMax on the
+// float's bits (NaN's bits are above every finite value's and inf's).
+//
+// static: one block per row, threads stride over columns. dynamic per-token: one block per
+// row, absmax by block reduction, then the row is quantized (its second read hits L2).
+// group: one warp per group, a block per row walking its groups eight warps at a time.
+
+#include "../quant.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace vllm_ir_c {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;
+
+__device__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  }
+  return v;
+}
+
+// NaN-propagating max over the block, broadcast to every thread. blockDim.x is a multiple of 32.
+__device__ float block_max(float v) {
+  __shared__ float warp_maxima[kWarp];
+  __shared__ float result;
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  v = warp_max(v);
+  if (lane == 0) {
+    warp_maxima[warp] = v;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_maxima[lane] : 0.0f;
+    v = warp_max(v);
+    if (lane == 0) {
+      result = v;
+    }
+  }
+  __syncthreads();
+  return result;
+}
+
+template <typename T>
+__device__ float load_float(const T* p, int64_t i) {
+  return static_cast<float>(p[i]);
+}
+
+template <Fp8Format kFormat, typename T>
+__global__ void static_quant_kernel(StaticQuantArgs a) {
+  const int64_t r = blockIdx.x;
+  const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
+  uint8_t* out = a.out + r * a.hidden;
+  const float* srow = a.scale + (r / a.row_group) * a.scale_row_stride;
+  const float bound = fp8_bound(kFormat);
+  const bool per_column = a.col_group < a.hidden;
+  const float row_inv = per_column ? 0.0f : 1.0f / srow[0];
+  for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+    const float inv = per_column ? 1.0f / srow[(c / a.col_group) * a.scale_col_stride] : row_inv;
+    out[c] = quantize_fp8<kFormat>(load_float(x, c) * inv, bound);
+  }
+}
+
+template <Fp8Format kFormat, typename T>
+__global__ void dynamic_per_token_kernel(DynamicQuantArgs a) {
+  const int64_t r = blockIdx.x;
+  const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
+  uint8_t* out = a.out + r * a.hidden;
+  float m = 0.0f;
+  for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+    m = nan_max(m, fabsf(load_float(x, c)));
+  }
+  const float scale = dynamic_scale(block_max(m), a.scale_ub, kFormat);
+  if (threadIdx.x == 0) {
+    a.scale[r] = scale;
+  }
+  const float inv = 1.0f / scale;
+  const float bound = fp8_bound(kFormat);
+  for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+    out[c] = quantize_fp8<kFormat>(load_float(x, c) * inv, bound);
+  }
+}
+
+// *result (zeroed before) = max(*result, absmax of the block's rows), as float bits.
+template <typename T>
+__global__ void absmax_kernel(AbsmaxArgs a) {
+  float m = 0.0f;
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
+    for (int64_t c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+      m = nan_max(m, fabsf(load_float(x, c)));
+    }
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) {
+    // Non-negative floats (and NaN with its sign cleared) order like their bits.
+    atomicMax(reinterpret_cast<unsigned int*>(a.result), float_bits(m) & 0x7FFFFFFFu);
+  }
+}
+
+template <Fp8Format kFormat>
+__global__ void per_tensor_scale_kernel(const float* absmax, const float* scale_ub, float* scale) {
+  *scale = dynamic_scale(*absmax, scale_ub, kFormat);
+}
+
+template <Fp8Format kFormat, typename T>
+__global__ void group_quant_kernel(GroupQuantArgs a) {
+  const int64_t r = blockIdx.x;
+  const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
+  uint8_t* out = a.out + r * a.hidden;
+  float* scales = a.scales + a.scale_rows.offset(r);
+  const int lane = threadIdx.x % kWarp;
+  const int warps = blockDim.x / kWarp;
+  const int64_t groups = (a.hidden + a.group_size - 1) / a.group_size;
+  const float bound = fp8_bound(kFormat);
+  const float floor = fp8_min_scale(kFormat);
+  for (int64_t k = threadIdx.x / kWarp; k < groups; k += warps) {
+    const int64_t begin = k * a.group_size;
+    const int64_t end = min(begin + a.group_size, a.hidden);
+    float m = 0.0f;
+    for (int64_t c = begin + lane; c < end; c += kWarp) {
+      m = nan_max(m, fabsf(load_float(x, c)));
+    }
+    float s = warp_max(m) / bound;
+    if (a.use_ue8m0) {
+      s = pow2_ceil(s);
+    }
+    s = s != s ? s : fmaxf(s, floor);
+    if (lane == 0) {
+      scales[k * a.scale_group_stride] = s;
+    }
+    const float inv = 1.0f / s;
+    for (int64_t c = begin + lane; c < end; c += kWarp) {
+      out[c] = quantize_fp8<kFormat>(load_float(x, c) * inv, bound);
+    }
+  }
+}
+
+int threads_for(int64_t hidden) {
+  return static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(kWarp, (hidden + kWarp - 1) / kWarp * kWarp)));
+}
+
+// One switch over (input dtype, fp8 format): F and scalar_t are set for the launch.
+#define VLLM_IR_C_CUDA_QUANT_DISPATCH(ARGS, NAME, ...)         \
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(ARGS.dtype, NAME, [&] {     \
+    if (ARGS.format == Fp8Format::E4M3FNUZ) {                  \
+      constexpr Fp8Format F = Fp8Format::E4M3FNUZ;             \
+      __VA_ARGS__;                                             \
+    } else {                                                   \
+      constexpr Fp8Format F = Fp8Format::E4M3FN;               \
+      __VA_ARGS__;                                             \
+    }                                                          \
+  })
+
+void static_quant_fp8_cuda(at::Tensor& out, const at::Tensor& input, const at::Tensor& scale) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  run_static_quant("vllm_ir_c::static_quant_fp8", out, input, scale, [](const StaticQuantArgs& a) {
+    const auto stream = c10::cuda::getCurrentCUDAStream();
+    VLLM_IR_C_CUDA_QUANT_DISPATCH(a, "static_quant_fp8", static_quant_kernel<F, scalar_t><<<a.rows, threads_for(a.hidden), 0, stream>>>(a));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void dynamic_quant_fp8_cuda(at::Tensor& out, at::Tensor& scale, const at::Tensor& input,
+                            const std::optional<at::Tensor>& scale_ub, bool per_token) {
+  constexpr const char* op = "vllm_ir_c::dynamic_quant_fp8";
+  const c10::cuda::CUDAGuard guard(input.device());
+  check_quant_io(op, out, input);
+  check_float_scale(op, "scale", scale, input);
+  TORCH_CHECK(scale.is_contiguous(), op, ": scale must be contiguous");
+  const float* ub = ub_or_null(op, scale_ub, input);
+  const Fp8Format format = fp8_format(op, out);
+  const int64_t hidden = input.size(-1);
+  const int64_t rows = hidden == 0 ? 0 : input.numel() / hidden;
+  TORCH_CHECK(scale.numel() == (per_token ? rows : 1), op, ": scale has ", scale.numel(), " elements, expected ",
+              per_token ? rows : 1);
+  const at::Tensor x = staged(input);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (per_token) {
+    if (rows == 0 || hidden == 0) {
+      return;
+    }
+    DynamicQuantArgs a{input.scalar_type(), format, static_cast<uint8_t*>(out.mutable_data_ptr()),
+                       scale.mutable_data_ptr<float>(), x.const_data_ptr(), row_layout(x), rows, hidden, ub};
+    VLLM_IR_C_CUDA_QUANT_DISPATCH(a, "dynamic_quant_fp8",
+                                  dynamic_per_token_kernel<F, scalar_t><<<rows, threads_for(hidden), 0, stream>>>(a));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  at::Tensor absmax = at::zeros({1}, input.options().dtype(at::kFloat));
+  if (input.numel() > 0) {
+    AbsmaxArgs m{input.scalar_type(), x.const_data_ptr(), row_layout(x), rows, hidden, absmax.mutable_data_ptr<float>()};
+    const int blocks = static_cast<int>(std::min<int64_t>(rows, 1024));
+    VLLM_IR_C_DISPATCH_FLOATING_TYPES(m.dtype, "dynamic_quant_fp8", [&] {
+      absmax_kernel<scalar_t><<<blocks, threads_for(hidden), 0, stream>>>(m);
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (format == Fp8Format::E4M3FNUZ) {
+    per_tensor_scale_kernel<Fp8Format::E4M3FNUZ><<<1, 1, 0, stream>>>(absmax.const_data_ptr<float>(), ub,
+                                                                     scale.mutable_data_ptr<float>());
+  } else {
+    per_tensor_scale_kernel<Fp8Format::E4M3FN><<<1, 1, 0, stream>>>(absmax.const_data_ptr<float>(), ub,
+                                                                   scale.mutable_data_ptr<float>());
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (input.numel() > 0) {
+    const StaticQuantArgs a = static_quant_args(op, out, x, scale, input);
+    VLLM_IR_C_CUDA_QUANT_DISPATCH(a, "dynamic_quant_fp8",
+                                  static_quant_kernel<F, scalar_t><<<a.rows, threads_for(a.hidden), 0, stream>>>(a));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+void dynamic_group_quant_fp8_cuda(at::Tensor& out, at::Tensor& scales, const at::Tensor& input, int64_t group_size,
+                                  bool use_ue8m0) {
+  constexpr const char* op = "vllm_ir_c::dynamic_group_quant_fp8";
+  const c10::cuda::CUDAGuard guard(input.device());
+  check_quant_io(op, out, input);
+  check_float_scale(op, "scales", scales, input);
+  TORCH_CHECK(group_size >= 1, op, ": group_size must be >= 1, got ", group_size);
+  const int64_t hidden = input.size(-1);
+  auto expected = input.sizes().vec();
+  expected.back() = (hidden + group_size - 1) / group_size;
+  TORCH_CHECK(scales.sizes() == at::IntArrayRef(expected), op, ": scales has shape ", scales.sizes(), ", expected ",
+              at::IntArrayRef(expected));
+  at::assert_no_overlap(scales, out);
+  if (input.numel() == 0) {
+    return;
+  }
+  const at::Tensor x = staged(input);
+  GroupQuantArgs a{input.scalar_type(),
+                   fp8_format(op, out),
+                   static_cast<uint8_t*>(out.mutable_data_ptr()),
+                   x.const_data_ptr(),
+                   row_layout(x),
+                   input.numel() / hidden,
+                   hidden,
+                   group_size,
+                   use_ue8m0,
+                   scales.mutable_data_ptr<float>(),
+                   row_layout(scales),
+                   scales.stride(-1)};
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  VLLM_IR_C_CUDA_QUANT_DISPATCH(a, "dynamic_group_quant_fp8",
+                                group_quant_kernel<F, scalar_t><<<a.rows, 8 * kWarp, 0, stream>>>(a));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+#undef VLLM_IR_C_CUDA_QUANT_DISPATCH
+
+}  // namespace
+}  // namespace vllm_ir_c
+
+TORCH_LIBRARY_IMPL(vllm_ir_c, CUDA, m) {
+  m.impl("static_quant_fp8", &vllm_ir_c::static_quant_fp8_cuda);
+  m.impl("dynamic_quant_fp8", &vllm_ir_c::dynamic_quant_fp8_cuda);
+  m.impl("dynamic_group_quant_fp8", &vllm_ir_c::dynamic_group_quant_fp8_cuda);
+}

@@ -1,0 +1,175 @@
+"""The FP8 quantization family: ``static_quant_fp8``, ``dynamic_quant_fp8`` and
+``dynamic_group_quant_fp8`` (csrc/cpu/quant.cpp, csrc/cuda/quant.cu, shared numerics in
+csrc/quant.h).
+
+The kernels compute what the op declarations compute, rounding for rounding (fp32 reciprocal
+of the scale, clamp, round-to-nearest-even encoding as c10's casts), so the implementations
+claim ``exact``: the conformance kit holds them to bitwise equality with native on every row
+native specifies (padding rows are left unwritten, as vLLM's kernels leave them).
+
+The predicates read dtypes, devices, ranks, non-token sizes and the last dimension's stride,
+never the token count or values; they decline with a reason what native handles and the
+kernels do not (other dtypes, scale layouts of more dimensions, a 0-d x, a strided last
+dimension, fp8 dtypes other than e4m3fn/e4m3fnuz, for which native raises).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir import Unsupported
+
+from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+#: Platforms where ``vllm_c`` goes first for these ops in eager mode: CPU, where it beats native
+#: and Inductor-compiled native at every measured token count (benchmarks/quant_cpu.py).
+EAGER_FIRST = {"cpu": ("static_quant_fp8", "dynamic_quant_fp8", "dynamic_group_quant_fp8")}
+
+
+def register(status: ExtensionStatus) -> None:
+    """Register the implementations; unsupported with the load failure's reason if not loaded."""
+    if status.loaded:
+        _register_fakes()
+    static_kernel = torch_op(status, "static_quant_fp8")
+    dynamic_kernel = torch_op(status, "dynamic_quant_fp8")
+    group_kernel = torch_op(status, "dynamic_group_quant_fp8")
+    on = devices(status)
+    # Every value is computed from its own row (or the whole tensor's absmax, a max: no order).
+    options = {
+        "supported": supported(status),
+        "batch_invariant": True,
+        "exact": True,
+        "compile_facts": compile_facts(status),
+    }
+
+    def supports_static(
+        x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
+    ) -> bool | Unsupported:
+        verdict = _common_verdict(x, fp8_dtype, num_token_padding, on)
+        if verdict is not None:
+            return verdict
+        if scale.dtype != torch.float32:
+            return Unsupported(f"scale dtype {scale.dtype} is not supported (float32)")
+        if scale.device != x.device:
+            return Unsupported(f"scale is on {scale.device}, x on {x.device}")
+        if scale.dim() > 2:
+            return Unsupported(f"scale is {scale.dim()}-D (the kernels take one element, 1-D or 2-D scales)")
+        if scale.dim() == 2 and x.dim() != 2:
+            return Unsupported(f"a 2-D scale with a {x.dim()}-D x (the kernels group a 2-D x only)")
+        return True
+
+    def supports_dynamic(
+        x: Tensor,
+        per_token: bool,
+        fp8_dtype: torch.dtype,
+        scale_ub: Tensor | None = None,
+        num_token_padding: int | None = None,
+    ) -> bool | Unsupported:
+        verdict = _common_verdict(x, fp8_dtype, num_token_padding, on)
+        if verdict is not None:
+            return verdict
+        if scale_ub is not None:
+            if scale_ub.dtype != torch.float32:
+                return Unsupported(f"scale_ub dtype {scale_ub.dtype} is not supported (float32)")
+            if scale_ub.device != x.device:
+                return Unsupported(f"scale_ub is on {scale_ub.device}, x on {x.device}")
+            if scale_ub.dim() > 1 or scale_ub.numel() != 1:
+                return Unsupported(
+                    f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D; "
+                    "native broadcasts the scale's shape to it)"
+                )
+        return True
+
+    def supports_group(
+        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+    ) -> bool | Unsupported:
+        verdict = _common_verdict(x, fp8_dtype, None, on)
+        if verdict is not None:
+            return verdict
+        if group_size < 1:
+            return Unsupported(f"group_size {group_size} < 1")
+        if column_major and x.dim() < 2:
+            return Unsupported("column_major scales of a 1-D x")
+        return True
+
+    @vllm_ir.ops.static_quant_fp8.register_impl(PROVIDER, supports_args=supports_static, **options)
+    def static_quant_fp8(
+        x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
+    ) -> Tensor:
+        out = _quantized_output(x, fp8_dtype, num_token_padding)
+        static_kernel(out, x, scale)
+        return out
+
+    @vllm_ir.ops.dynamic_quant_fp8.register_impl(PROVIDER, supports_args=supports_dynamic, **options)
+    def dynamic_quant_fp8(
+        x: Tensor,
+        per_token: bool,
+        fp8_dtype: torch.dtype,
+        scale_ub: Tensor | None = None,
+        num_token_padding: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        out = _quantized_output(x, fp8_dtype, num_token_padding)
+        scale_shape = (*x.shape[:-1], 1) if per_token else (1,)
+        scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
+        dynamic_kernel(out, scale, x, scale_ub, per_token)
+        return out, scale
+
+    @vllm_ir.ops.dynamic_group_quant_fp8.register_impl(PROVIDER, supports_args=supports_group, **options)
+    def dynamic_group_quant_fp8(
+        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+        groups = -(-x.shape[-1] // group_size)
+        if column_major:  # the last two dimensions transposed in memory: strides (1, M) for 2-D x
+            scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
+            scales = scales.transpose(-2, -1)
+        else:
+            scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+        group_kernel(out, scales, x, group_size, use_ue8m0)
+        return out, scales
+
+
+def _quantized_output(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> Tensor:
+    """q's buffer: x's shape, or at least ``num_token_padding`` rows (left unwritten past x's)."""
+    shape = tuple(x.shape)
+    if num_token_padding is not None:
+        shape = (max(shape[0], num_token_padding), shape[1])
+    return torch.empty(shape, dtype=fp8_dtype, device=x.device)
+
+
+def _register_fakes() -> None:
+    """Fake kernels: the ops only write their ``(a!)``/``(b!)`` arguments."""
+
+    @torch.library.register_fake("vllm_ir_c::static_quant_fp8")
+    def _static_fake(out, input, scale):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::dynamic_quant_fp8")
+    def _dynamic_fake(out, scale, input, scale_ub, per_token):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::dynamic_group_quant_fp8")
+    def _group_fake(out, scales, input, group_size, use_ue8m0):
+        return None
+
+
+def _common_verdict(
+    x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None, device_types: tuple[str, ...]
+) -> Unsupported | None:
+    if fp8_dtype not in FP8_DTYPES:
+        return Unsupported(f"fp8_dtype {fp8_dtype} is not supported (float8_e4m3fn, float8_e4m3fnuz)")
+    if x.dtype not in DTYPES:
+        return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
+    if x.device.type not in device_types:
+        return Unsupported(f"device {x.device.type} is not supported (kernels built for: {', '.join(device_types)})")
+    if x.dim() == 0:
+        return Unsupported("x is 0-d (the kernels quantize rows of a last dimension)")
+    if x.stride(-1) != 1 and x.size(-1) != 1:
+        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
+    if num_token_padding is not None and x.dim() != 2:
+        return Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
+    return None
