@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from vllm_ir.ir import fast_lookup
+from vllm_ir.ir.aliasing import precise_donation_conflict
 from vllm_ir.ir.cache_key import first_token_count, freeze, tensor_facts
 from vllm_ir.ir.priority import current_scope
 from vllm_ir.log import get_logger
@@ -276,7 +277,16 @@ def _needs_grad_expr(op: IrOp) -> str:
 
 def on_donation_conflict(op: IrOp, decision: Decision, conflict: tuple[int, int], args: tuple) -> Any:
     """A ``maybe_inplace`` call whose donated input overlaps itself or another argument runs
-    the functional path: an in-place kernel would read what it already overwrote."""
+    the functional path: an in-place kernel would read what it already overwrote.
+
+    The quick check compares byte ranges; here the conflict is refined first (column slices
+    of one tensor, such as q and k split from qkv, share a range but no element) and a call
+    whose tensors are provably disjoint runs in place after all.
+    """
+    refined = precise_donation_conflict(op.activation_indices, op.tensor_param_indices, args)
+    if refined is None:
+        return decision.maybe_inplace(*args)
+    conflict = refined
     if _log.isEnabledFor(logging.DEBUG):
         names = list(op.signature.parameters)
         i, j = conflict

@@ -56,6 +56,8 @@ def rotary_embedding(
     tokens = positions.shape[0]
 
     def rotate(x: Tensor) -> Tensor:
+        if x.numel() == 0:
+            return x.clone()
         heads = x.reshape(tokens, -1, head_size)
         c, s = cos.to(x.dtype), sin.to(x.dtype)
         x_rot, x_pass = heads[..., :rot], heads[..., rot:]
