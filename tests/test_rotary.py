@@ -222,3 +222,53 @@ def test_compiled_donation_of_graph_inputs_and_a_query_only_call(provider):
     assert torch.equal(cache, cache_before) and torch.equal(positions, positions_before)
     selected = [p for graph in record.graphs for p in graph.selected_impls.get("rotary_embedding", {}).values()]
     assert selected == [provider, provider]
+
+
+class FusedQkvProjection(nn.Module):
+    """One qkv projection split into column slices; q and k rotated in place where they are."""
+
+    def __init__(self, hidden: int = 128, heads: int = 2, kv_heads: int = 1, head_size: int = 64):
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.sizes = [heads * head_size, kv_heads * head_size, kv_heads * head_size]
+        self.qkv = nn.Parameter(torch.randn(sum(self.sizes), hidden, generator=g) / hidden**0.5)
+        self.register_buffer("cos_sin_cache", build_cos_sin_cache(64, head_size, torch.float32))
+
+    def forward(self, positions: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = (x @ self.qkv.t()).split(self.sizes, dim=-1)
+        q, k = ops.rotary_embedding.maybe_inplace(positions, q, k, 64, self.cos_sin_cache, True, 64)
+        return q, k, v
+
+
+def test_disjoint_rows_tells_column_slices_apart():
+    from vllm_ir.ir.aliasing import disjoint_rows, precise_donation_conflict
+
+    qkv = torch.zeros(4, 12)
+    q, k, v = qkv.split([6, 3, 3], dim=-1)
+    assert disjoint_rows(q, k) and disjoint_rows(k, q) and disjoint_rows(q, v)
+    assert not disjoint_rows(qkv[:, :7], k)  # overlapping columns
+    assert not disjoint_rows(qkv[:, :6], qkv.t()[:6])  # other strides: not proven
+    assert not disjoint_rows(q, qkv[1:, :3])  # the same columns, other rows
+    args = ROPE.generate_inputs((3, 128), torch.float32, layout="qkv")
+    assert precise_donation_conflict(ROPE.activation_indices, ROPE.tensor_param_indices, args) is None
+    same = list(args)
+    same[2] = args[1]
+    assert precise_donation_conflict(ROPE.activation_indices, ROPE.tensor_param_indices, same) is not None
+
+
+@pytest.mark.parametrize("provider", COMPILE_PROVIDERS)
+def test_compiled_qkv_slices_are_donated_together(provider):
+    """q and k split from one projection share a storage but no element: donation is accepted."""
+    model = FusedQkvProjection()
+    positions = torch.randint(0, 64, (4,), generator=torch.Generator().manual_seed(3))
+    x = torch.randn(4, 128, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        q, k, v = (x @ model.qkv.t()).split(model.sizes, dim=-1)
+        eq, ek = ROPE.fn(positions, q, k, 64, model.cos_sin_cache, True, 64)
+        with vllm_ir.priority(rotary_embedding=[provider]):
+            compiled, record = compile_with_passes(model)
+            out = compiled(positions, x)
+    for a, b in zip(out, (eq, ek, v), strict=True):
+        torch.testing.assert_close(a, b)
+    selected = [p for graph in record.graphs for p in graph.selected_impls.get("rotary_embedding", {}).values()]
+    assert selected == [provider]

@@ -54,11 +54,24 @@ void store_block(T* p, const Pair& v) {
   }
 }
 
+// fp32 values rounded to bf16 precision (to nearest, ties to even) on their bits, staying
+// fp32: fewer instructions than packing to bf16 and back. The values here are bf16 inputs,
+// their products and sums: a NaN among them is quiet with its payload in the upper half,
+// which this rounding keeps a NaN; a finite value rounds to infinity exactly where bf16 does.
+fVec round_to_bf16(const fVec& v) {
+  using iVec = at::vec::Vectorized<int32_t>;
+  const iVec bits = at::vec::cast<int32_t>(v);
+  const iVec lsb = (bits >> iVec(16)) & iVec(1);
+  return at::vec::cast<float>((bits + iVec(0x7FFF) + lsb) & iVec(static_cast<int32_t>(0xFFFF0000u)));
+}
+
 // fp32 values rounded to T's precision.
 template <typename T>
 Pair rounded(const fVec& a, const fVec& b) {
   if constexpr (std::is_same_v<T, float>) {
     return {a, b};
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return {round_to_bf16(a), round_to_bf16(b)};
   } else {
     const auto [x, y] = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(a, b));
     return {x, y};
