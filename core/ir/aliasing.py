@@ -45,6 +45,55 @@ def may_share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def disjoint_rows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views of one storage provably share no element, by their row structure.
+
+    The case the byte-range check cannot tell: column slices of one wider tensor (``q`` and
+    ``k`` split from one ``qkv`` projection). When both have the same element size and the
+    same stride ``S`` along dimension 0, and every other dimension spans less than ``S``, the
+    elements of each lie at ``offset + t * S + [0, span)``; the two are disjoint when those
+    windows do not meet modulo ``S``. Anything else is not proven disjoint.
+    """
+    if a.dim() < 1 or b.dim() < 1 or a.element_size() != b.element_size():
+        return False
+    row = a.stride(0)
+    if row <= 0 or b.stride(0) != row:
+        return False
+    spans = []
+    for t in (a, b):
+        span = 1 + sum(stride * (size - 1) for stride, size in zip(t.stride()[1:], t.shape[1:], strict=True))
+        if any(stride < 0 for stride in t.stride()) or span > row:
+            return False
+        spans.append(span)
+    ra, rb = a.storage_offset() % row, b.storage_offset() % row
+    return (rb - ra) % row >= spans[0] and (ra - rb) % row >= spans[1]
+
+
+def precise_donation_conflict(
+    donated: Sequence[int], tensors: Sequence[int], args: Sequence[Any]
+) -> tuple[int, int] | None:
+    """`donation_conflict`, with overlapping byte ranges refined by `disjoint_rows`.
+
+    Run only where the quick check reported a conflict, so the common call pays nothing for it.
+    """
+
+    def tensor_at(i: int) -> torch.Tensor | None:
+        value = args[i]
+        return value if i in tensors and isinstance(value, torch.Tensor) and value.numel() else None
+
+    for i in donated:
+        a = tensor_at(i)
+        if a is None:
+            continue
+        if may_self_overlap(a):
+            return i, i
+        for j in range(len(args)):
+            b = None if j == i else tensor_at(j)
+            if b is not None and may_share_memory(a, b) and not disjoint_rows(a, b):
+                return i, j
+    return None
+
+
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     last = sum(stride * (size - 1) for stride, size in zip(t.stride(), t.shape, strict=True))
     start = t.storage_offset() * t.element_size()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from vllm_ir.ir import fast_lookup
+from vllm_ir.ir.aliasing import precise_donation_conflict
 from vllm_ir.ir.cache_key import first_token_count, freeze, tensor_facts
 from vllm_ir.ir.priority import current_scope
 from vllm_ir.log import get_logger
@@ -99,34 +100,34 @@ def build_entry_points(
     signature = parameter_list(sig, env)
     call = ", ".join(names)
     relate = len(op.token_params) >= 2
-    key_parts = ["scope"] + [_key_expr(op, name, relate) for name in names]
-    prelude = f"lead = _first_token_count({', '.join(op.token_params)})" if relate else ""
+    key_parts = ["_vi_scope"] + [_key_expr(op, name, relate) for name in names]
+    prelude = f"_vi_lead = _first_token_count({', '.join(op.token_params)})" if relate else ""
     env["_python_key"] = _define(
         op,
         "python_key",
         "_python_key",
-        _guarded("_python_key", f"scope, {call}", f"({', '.join(key_parts)},)", call, prelude),
+        _guarded("_python_key", f"_vi_scope, {call}", f"({', '.join(key_parts)},)", call, prelude),
         env,
     )
     env["_needs_grad"] = _define(
         op, "needs_grad", "_needs_grad", _guarded("_needs_grad", call, _needs_grad_expr(op), call), env
     )
-    key = f"_python_key(scope, {call})"
+    key = f"_python_key(_vi_scope, {call})"
     key_function = env["_python_key"]
     if lookup is not None:
-        key = f"_compiled_key(scope, {call}) or {key}"
-        key_function = _define(op, "key", "_key", f"def _key(scope, {call}):\n    return {key}\n", env)
+        key = f"_compiled_key(_vi_scope, {call}) or {key}"
+        key_function = _define(op, "key", "_key", f"def _key(_vi_scope, {call}):\n    return {key}\n", env)
     tails = {
-        "functional": f"    d.calls += 1\n    return d.functional({call})\n",
+        "functional": f"    _vi_d.calls += 1\n    return _vi_d.functional({call})\n",
         "maybe_inplace": (
-            f"    d.calls += 1\n"
-            f"    if d.guard_donation:\n"
-            f"        c = _conflict(_donated, _tensors, {call})\n"
-            f"        if c is not None:\n"
-            f"            return _aliased(d, c, ({call},))\n"
-            f"    return d.maybe_inplace({call})\n"
+            f"    _vi_d.calls += 1\n"
+            f"    if _vi_d.guard_donation:\n"
+            f"        _vi_c = _conflict(_donated, _tensors, {call})\n"
+            f"        if _vi_c is not None:\n"
+            f"            return _aliased(_vi_d, _vi_c, ({call},))\n"
+            f"    return _vi_d.maybe_inplace({call})\n"
         ),
-        "which": "    return d.impl\n",
+        "which": "    return _vi_d.impl\n",
     }
     reroutes = {
         "functional": ("_torch_default", "_with_autograd"),
@@ -197,13 +198,13 @@ def _python_path(name: str, signature: str, call: str, key: str, traced: str, gr
         f"        return {traced}\n"
         f"    if _grad_enabled() and _needs_grad({call}):\n"
         f"        return {grad}\n"
-        f"    scope = _scope()\n"
-        f"    d = _fixed.get(scope)\n"
-        f"    if d is None:\n"
-        f"        key = {key}\n"
-        f"        d = _cache.get(key)\n"
-        f"        if d is None:\n"
-        f"            d = _miss(key, ({call},))\n" + tail
+        f"    _vi_scope = _scope()\n"
+        f"    _vi_d = _fixed.get(_vi_scope)\n"
+        f"    if _vi_d is None:\n"
+        f"        _vi_key = {key}\n"
+        f"        _vi_d = _cache.get(_vi_key)\n"
+        f"        if _vi_d is None:\n"
+        f"            _vi_d = _miss(_vi_key, ({call},))\n" + tail
     )
 
 
@@ -215,8 +216,8 @@ def _fast_path(name: str, signature: str, call: str, traced: str, tail: str) -> 
         f"def {name}({signature}):\n"
         f"    if _is_dynamo_compiling():\n"
         f"        return {traced}\n"
-        f"    d = _lookup({call})\n"
-        f"    if d is None:\n"
+        f"    _vi_d = _lookup({call})\n"
+        f"    if _vi_d is None:\n"
         f"        return _python_path({call})\n" + tail
     )
 
@@ -261,7 +262,7 @@ def _key_expr(op: IrOp, name: str, relate_tokens: bool) -> str:
     if optional is None:
         return f"_freeze({name})" if name in op.list_params else name
     token = name in op.token_params
-    facts = f"_facts({name}, True, lead)" if token and relate_tokens else f"_facts({name}, {token})"
+    facts = f"_facts({name}, True, _vi_lead)" if token and relate_tokens else f"_facts({name}, {token})"
     return f"None if {name} is None else {facts}" if optional else facts
 
 
@@ -276,7 +277,16 @@ def _needs_grad_expr(op: IrOp) -> str:
 
 def on_donation_conflict(op: IrOp, decision: Decision, conflict: tuple[int, int], args: tuple) -> Any:
     """A ``maybe_inplace`` call whose donated input overlaps itself or another argument runs
-    the functional path: an in-place kernel would read what it already overwrote."""
+    the functional path: an in-place kernel would read what it already overwrote.
+
+    The quick check compares byte ranges; here the conflict is refined first (column slices
+    of one tensor, such as q and k split from qkv, share a range but no element) and a call
+    whose tensors are provably disjoint runs in place after all.
+    """
+    refined = precise_donation_conflict(op.activation_indices, op.tensor_param_indices, args)
+    if refined is None:
+        return decision.maybe_inplace(*args)
+    conflict = refined
     if _log.isEnabledFor(logging.DEBUG):
         names = list(op.signature.parameters)
         i, j = conflict

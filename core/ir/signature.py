@@ -56,9 +56,19 @@ def check_parameters(fn: Callable[..., Any], *, op: str, provider: str | None, w
 
 
 def infer_schema(fn: Callable[..., Any], *, op: str, provider: str | None, what: str) -> str:
-    """The torch schema string of ``fn`` (without the op name), with a vllm-ir error on failure."""
+    """The torch schema string of ``fn`` (without the op name), with a vllm-ir error on failure.
+
+    Beyond what ``torch.library.infer_schema`` accepts, a returned tuple may hold optional
+    tensors (``tuple[Tensor, Tensor | None]`` -> ``(Tensor, Tensor?)``): the dispatcher,
+    fake tensors, autograd, AOTAutograd and Inductor all handle ``Tensor?`` returns, which
+    lets an op with an optional tensor input return None for it (``rotary_embedding``'s key).
+    """
     try:
-        return torch.library.infer_schema(fn, mutates_args=())
+        optional = _optional_tensor_returns(fn)
+        if not optional:
+            return torch.library.infer_schema(fn, mutates_args=())
+        schema = torch.library.infer_schema(_with_return(fn, optional), mutates_args=())
+        return _mark_optional_returns(schema, optional)
     except (ValueError, TypeError) as exc:
         raise RegistrationError(
             f"{_who(op, provider)}: cannot infer a torch schema from {what}: {exc}. "
@@ -67,6 +77,44 @@ def infer_schema(fn: Callable[..., Any], *, op: str, provider: str | None, what:
             op=op,
             provider=provider,
         ) from exc
+
+
+def _optional_tensor_returns(fn: Callable[..., Any]) -> tuple[int, ...]:
+    """Positions of ``Tensor | None`` elements in ``fn``'s returned tuple (empty: nothing to adapt)."""
+    ret = inspect.signature(fn, eval_str=True).return_annotation
+    if get_origin(ret) is not tuple:
+        return ()
+    return tuple(i for i, a in enumerate(get_args(ret)) if _is_optional_tensor(a))
+
+
+def _is_optional_tensor(annotation: object) -> bool:
+    args = get_args(annotation)
+    return len(args) == 2 and torch.Tensor in args and type(None) in args
+
+
+def _with_return(fn: Callable[..., Any], optional: tuple[int, ...]) -> Callable[..., Any]:
+    """A stand-in with ``fn``'s parameters whose returned tuple has ``Tensor`` at ``optional``."""
+    sig = inspect.signature(fn, eval_str=True)
+    elements = [torch.Tensor if i in optional else a for i, a in enumerate(get_args(sig.return_annotation))]
+
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("never called")
+
+    stand_in.__signature__ = sig.replace(return_annotation=tuple[tuple(elements)])  # type: ignore[attr-defined]
+    return stand_in
+
+
+def _mark_optional_returns(schema: str, optional: tuple[int, ...]) -> str:
+    """``(...) -> (Tensor, Tensor)`` with the returns at ``optional`` made ``Tensor?``."""
+    params, sep, returns = schema.rpartition(" -> ")
+    if not (sep and returns.startswith("(") and returns.endswith(")")):
+        raise ValueError(f"unexpected schema {schema!r}")
+    types = returns[1:-1].split(", ")
+    for i in optional:
+        if types[i] != "Tensor":
+            raise ValueError(f"return {i} of {schema!r} is {types[i]}, expected Tensor")
+        types[i] = "Tensor?"
+    return f"{params} -> ({', '.join(types)})"
 
 
 def tensor_parameters(sig: inspect.Signature) -> dict[str, bool]:

@@ -1,0 +1,167 @@
+"""Rotary position embedding (RoPE) of attention queries and keys.
+
+Design of the signature: the op returns ``tuple[Tensor, Tensor | None]`` (torch schema
+``(Tensor, Tensor?)``), so ``q, k = op(...)`` works with or without a key, and with
+``key=None`` the second output is None. ``torch.library.infer_schema`` refuses optional
+returns, but the dispatcher, fake tensors, autograd, AOTAutograd and Inductor handle them;
+`vllm_ir.ir.signature.infer_schema` writes the schema itself. An in-place kernel returns
+exactly its donated inputs ``(query, key)``; with ``key=None`` only ``query`` is donated.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from vllm_ir.ir.op import register_op
+
+
+@register_op(allow_inplace=True, activations=("query", "key"), token_params=("positions", "query", "key"))
+def rotary_embedding(
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor | None,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    is_neox_style: bool,
+    rotary_dim: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Rotate the first ``rotary_dim`` channels of every head of ``query`` (and ``key``) by position.
+
+    ``positions`` (integer, any shape) flattens to ``[T]``; ``query``/``key`` are
+    ``[T, heads * head_size]`` or ``[..., heads, head_size]``, each viewed as
+    ``[T, -1, head_size]`` and returned in its own shape. ``cos_sin_cache`` is
+    ``[max_position, rotary_dim]`` = ``cat(cos, sin)`` per position; ``rotary_dim`` (default:
+    the cache's width) must be even, at most ``head_size`` and equal the cache's width. The
+    channels past ``rotary_dim`` pass through unchanged.
+
+    Neox style rotates the halves ``x1 = x[:r/2], x2 = x[r/2:]``; GPT-J style the interleaved
+    pairs ``x1 = x[0::2], x2 = x[1::2]``: ``o1 = x1*cos - x2*sin``, ``o2 = x2*cos + x1*sin``.
+
+    Rounding points (vLLM's native and CUDA kernel): cos and sin are cast to x's dtype, each
+    product is rounded to x's dtype, then the sum/difference is rounded again. Kernels compute
+    in fp32 with the same roundings, so they agree with this function to the last bit up to
+    fp32 contraction (the default tolerances of OPS.md 4.8 apply).
+    """
+    rot = cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] != rot or rot % 2 or rot > head_size:
+        raise ValueError(
+            f"rotary_embedding: cos_sin_cache of shape {list(cos_sin_cache.shape)} does not hold rotary_dim={rot} "
+            f"(it must be [max_position, rotary_dim], rotary_dim even and at most head_size={head_size})"
+        )
+    positions = positions.flatten()
+    cos_sin = cos_sin_cache[positions]
+    half = rot // 2
+    cos, sin = cos_sin[:, :half].unsqueeze(-2), cos_sin[:, half:].unsqueeze(-2)
+    tokens = positions.shape[0]
+
+    def rotate(x: Tensor) -> Tensor:
+        if x.numel() == 0:
+            return x.clone()
+        heads = x.reshape(tokens, -1, head_size)
+        c, s = cos.to(x.dtype), sin.to(x.dtype)
+        x_rot, x_pass = heads[..., :rot], heads[..., rot:]
+        if is_neox_style:
+            x1, x2 = x_rot[..., :half], x_rot[..., half:]
+            rotated = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+        else:
+            x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+            rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+        return torch.cat((rotated, x_pass), dim=-1).reshape(x.shape)
+
+    return rotate(query), None if key is None else rotate(key)
+
+
+def build_cos_sin_cache(
+    max_position: int, rotary_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu", base: float = 10000.0
+) -> Tensor:
+    """vLLM's cache: ``cat(cos, sin)`` of ``t * inv_freq``, computed in fp32, stored in ``dtype``."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / max(rotary_dim, 1)))
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device=device, dtype=dtype)
+
+
+def head_layout(hidden: int) -> tuple[int, int]:
+    """(heads, head_size) for a row of ``hidden`` channels: 128- or 64-wide heads where they
+    divide it (4096 -> 32 x 128, 64 -> 1 x 64), else one head of the whole row (odd sizes)."""
+    for size in (128, 64):
+        if hidden % size == 0 and hidden >= size:
+            return hidden // size, size
+    return 1, max(hidden, 1)
+
+
+#: Positions the generated cache holds; generated positions are drawn below it.
+MAX_POSITION = 96
+
+
+def _generate(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    is_neox_style: bool = True,
+    partial: bool = False,
+    with_key: bool = True,
+    layout: str = "flat",
+    kv_heads: int | None = None,
+    pass_rotary_dim: bool = True,
+    seed: int = 0,
+) -> tuple:
+    """Inputs for a kit shape ``(*leading, hidden)``: ``leading`` are the token dims (positions
+    has that shape), ``hidden`` maps to heads x head_size (`head_layout`).
+
+    ``layout``: "flat" ``[..., heads*head_size]``; "heads" ``[..., heads, head_size]``;
+    "sliced" heads padded by 64 channels (``[..., heads, head_size]`` views with a head stride
+    of head_size + 64, as vLLM's kernel test); "qkv" query and key are column slices of one
+    ``[T, q + k + v]`` projection output (as models split it). ``partial`` rotates half of
+    each head (rounded down to even); ``kv_heads`` gives the key fewer heads (GQA).
+    """
+    g = torch.Generator().manual_seed(seed)
+    *leading, hidden = shape
+    heads, head_size = head_layout(hidden)
+    rotary_dim = head_size - head_size % 2
+    if partial:
+        rotary_dim = (head_size // 2) - (head_size // 2) % 2
+    kheads = heads if kv_heads is None else min(kv_heads, heads)
+
+    def values(*dims: int) -> Tensor:
+        return torch.randn(dims, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    def activation(nh: int) -> Tensor:
+        if layout == "flat":
+            return values(*leading, nh * head_size)
+        if layout == "heads":
+            return values(*leading, nh, head_size)
+        if layout == "sliced":
+            return values(*leading, nh, head_size + 64)[..., :head_size]
+        raise ValueError(f"unknown layout {layout!r}")
+
+    if layout == "qkv":
+        q_size, k_size = heads * head_size, kheads * head_size
+        qkv = values(*leading, q_size + 2 * k_size)
+        query, key = qkv[..., :q_size], qkv[..., q_size : q_size + k_size]
+    else:
+        query, key = activation(heads), activation(kheads)
+    positions = torch.randint(0, MAX_POSITION, tuple(leading), generator=g, dtype=torch.int64).to(device)
+    cache = build_cos_sin_cache(MAX_POSITION, rotary_dim, dtype, device)
+    return (
+        positions,
+        query,
+        key if with_key else None,
+        head_size,
+        cache,
+        is_neox_style,
+        rotary_dim if pass_rotary_dim else None,
+    )
+
+
+rotary_embedding.input_generator(_generate)
+rotary_embedding.add_input_variant("gptj", is_neox_style=False)
+rotary_embedding.add_input_variant("partial", partial=True)
+rotary_embedding.add_input_variant("gptj_partial", is_neox_style=False, partial=True)
+rotary_embedding.add_input_variant("no_key", with_key=False)
+rotary_embedding.add_input_variant("heads_3d", layout="heads")
+rotary_embedding.add_input_variant("sliced", layout="sliced")
+rotary_embedding.add_input_variant("qkv_slices", layout="qkv")
+rotary_embedding.add_input_variant("gqa", kv_heads=1)
+rotary_embedding.add_input_variant("rotary_dim_default", pass_rotary_dim=False)
