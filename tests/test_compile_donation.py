@@ -60,6 +60,44 @@ def test_use_through_the_base_of_a_donated_view():
     assert "argument 'x'" in message and "through its view/alias 'h'" in message
 
 
+def _rope_cache():
+    return vllm_ir.ir.declarations.rotary.build_cos_sin_cache(8, 4, torch.float32)
+
+
+def test_a_view_of_a_disjoint_slice_used_after_donating_its_neighbours_is_allowed():
+    # Llama's attention: q and k of one qkv projection rotated in place, then v viewed per head.
+    cache = _rope_cache()
+
+    def model(x, r):
+        qkv = torch.cat([x, r, x * r], dim=-1)  # [4, 48]
+        q, k, v = qkv.split([16, 16, 16], dim=-1)
+        q, k = ops.rotary_embedding.maybe_inplace(torch.arange(4), q, k, 8, cache, True, 4)
+        return q, k, v.reshape(4, 2, 8).transpose(0, 1) * 2
+
+    compiled, _ = compile_with_passes(model)
+    x, r = _inputs()
+    with vllm_ir.priority(rotary_embedding=["native"]):
+        expected = model(x.clone(), r.clone())
+    for got, want in zip(compiled(x, r), expected, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("later", ["base", "as_strided"])
+def test_a_later_view_that_may_reach_the_donated_slice_is_refused(later):
+    cache = _rope_cache()
+
+    def model(x, r):
+        qkv = torch.cat([x, r, x * r], dim=-1)
+        q, k, v = qkv.split([16, 16, 16], dim=-1)
+        q, k = ops.rotary_embedding.maybe_inplace(torch.arange(4), q, k, 8, cache, True, 4)
+        # The whole projection, or a view of v re-strided over the storage, reads what was rotated.
+        seen = qkv.sum(-1) if later == "base" else v.as_strided((4, 16), (48, 1), 0).sum(-1)
+        return q, k, seen
+
+    message = str(_donation_error(model))
+    assert "op 'rotary_embedding'" in message and "argument 'query'" in message
+
+
 def test_returning_a_donated_intermediate_is_a_later_use():
     def model(x, r):
         h = x * 2

@@ -367,6 +367,21 @@ class AliasAnalysis:
         # Torch functions, methods and higher-order ops ran on fake tensors: their storages tell.
         return []
 
+    def view_sources(self, node: fx.Node) -> list[fx.Node]:
+        """The values ``node``'s result is a view of, or the same tensor as (an in-place op's input).
+
+        Pre-grad torch functions and methods carry no alias annotation: there, the tensor
+        arguments whose fake values share the result's storage.
+        """
+        if node.op in ("call_function", "call_method") and not isinstance(node.target, torch._ops.OpOverload):
+            storages = {_storage_key(t) for t in _tensors(value_of(node))} - {None}
+            if storages and node.target is not operator.getitem:
+                return [
+                    a for a in _arg_nodes([node.args, node.kwargs])
+                    if {_storage_key(t) for t in _tensors(value_of(a))} & storages
+                ]  # fmt: skip
+        return [k for k in self._direct_aliases(node) if isinstance(k, fx.Node)]
+
     def _direct_aliases(self, node: fx.Node) -> list[Key]:
         if node.op in ("placeholder", "get_attr", "output"):
             return []

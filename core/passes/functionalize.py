@@ -181,11 +181,35 @@ def _disjoint(a: fx.Node, b: fx.Node) -> bool:
         return False
 
 
+#: Views that may address any element of their storage, not only their source's.
+_ESCAPING_VIEWS = frozenset(
+    {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.default, torch.as_strided, "as_strided", "set_"}
+)
+
+
+def _disjoint_lineage(alias: fx.Node, value: fx.Node, aliases: AliasAnalysis) -> bool:
+    """``alias``, or a tensor it was viewed from, provably shares no element with ``value``.
+
+    A view addresses only elements of its source (``as_strided`` excepted), so once ``v`` split
+    from ``qkv`` is disjoint from the donated ``q``, ``v.view(...).transpose(...)`` is too.
+    """
+    node, seen = alias, set()
+    while node not in seen:
+        seen.add(node)
+        if _disjoint(node, value):
+            return True
+        sources = aliases.view_sources(node)
+        if node.target in _ESCAPING_VIEWS or len(sources) != 1 or sources[0] is value:
+            return False
+        node = sources[0]
+    return False
+
+
 def _check_no_later_use(op_name: str, node: fx.Node, param: str, value: fx.Node, aliases: AliasAnalysis) -> None:
     later = aliases.uses_from(value, aliases.position[node] + 1)
     # A view of the same storage that shares no element with the donated value (v, when q and
-    # k split from one qkv are donated) reads nothing the kernel writes.
-    later = [(user, alias) for user, alias in later if alias is value or not _disjoint(alias, value)]
+    # k split from one qkv are donated, and any view of v) reads nothing the kernel writes.
+    later = [(user, alias) for user, alias in later if alias is value or not _disjoint_lineage(alias, value, aliases)]
     if not later:
         return
     user, alias = later[0]
