@@ -66,7 +66,13 @@ def test_impls_are_registered_and_survive_the_registry_snapshot():
 
 def test_default_priority_puts_vllm_c_first_in_eager_mode_only():
     contribution = provider.vllm_ir_default_priority(platforms.CPU, "eager")
-    assert contribution == {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"], "silu_and_mul": ["vllm_c"]}
+    quant = ("static_quant_fp8", "dynamic_quant_fp8", "dynamic_group_quant_fp8")
+    assert contribution == {
+        "rms_norm": ["vllm_c"],
+        "fused_add_rms_norm": ["vllm_c"],
+        "silu_and_mul": ["vllm_c"],
+        **{op: ["vllm_c"] for op in quant},
+    }
     # The core's CUDA and ROCm platforms name no provider: vllm_c states its place itself,
     # for the ops it has CUDA kernels of (silu_and_mul is CPU only).
     for gpu in (platforms.CUDA, platforms.ROCM):
@@ -562,7 +568,7 @@ def test_a_new_op_is_new_files_only(tmp_path):
     """
     root = tmp_path / "vllm_c"
     skip = shutil.ignore_patterns(
-        "layernorm.*", "activation.*", "_C*.so", "_build_info.py", "build", "*.egg-info", "__pycache__"
+        "layernorm.*", "activation.*", "quant.*", "_C*.so", "_build_info.py", "build", "*.egg-info", "__pycache__"
     )
     shutil.copytree(PACKAGE_ROOT, root, ignore=skip)
     (root / "csrc" / "cpu" / "toy_scale.cpp").write_text(_TOY_CPP)
