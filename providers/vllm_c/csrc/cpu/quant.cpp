@@ -52,13 +52,20 @@ using iVec = at::vec::Vectorized<int32_t>;
 
 // quantize_fp8 (quant.h) on a vector: the same operations, lane by lane, as codes in int32 lanes.
 template <Fp8Format kFormat>
-iVec encode(fVec v, const fVec& bound) {
+iVec encode(const fVec& v, const fVec& bound) {
   using E = Fp8Encoding<kFormat>;
+  const fVec clamped = at::vec::clamp(v, fVec(0.0f) - bound, bound);
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  // ATen's clamp is max then min there, which return a NaN operand as is: NaN lanes stay NaN.
+  const iVec bits = at::vec::cast<int32_t>(clamped);
+#else
+  // The generic clamp may turn NaN into a bound: NaN lanes (with their sign) come from v.
   const iVec in_bits = at::vec::cast<int32_t>(v);
-  const iVec nan = (in_bits & iVec(0x7FFFFFFF)) > iVec(0x7F800000);
-  v = at::vec::clamp(v, fVec(0.0f) - bound, bound);  // NaN lanes are replaced below
-  const iVec bits = at::vec::cast<int32_t>(v);
+  const iVec bits = iVec::blendv(at::vec::cast<int32_t>(clamped), in_bits,
+                                 (in_bits & iVec(0x7FFFFFFF)) > iVec(0x7F800000));
+#endif
   const iVec mag = bits & iVec(0x7FFFFFFF);
+  const iVec nan = mag > iVec(0x7F800000);
   const iVec c = at::vec::maximum(mag & iVec(0x7F800000), iVec(E::kMinNormal)) + iVec(E::kShift);
   const iVec steps = at::vec::cast<int32_t>(at::vec::cast<float>(mag) + at::vec::cast<float>(c)) - c;
   const iVec code = steps + (c >> iVec(20)) - iVec(E::kOffset);
@@ -67,7 +74,7 @@ iVec encode(fVec v, const fVec& bound) {
     const iVec signed_code = iVec::blendv(code | sign, iVec(0), code == iVec(0));
     return iVec::blendv(signed_code, iVec(0x80), nan);
   } else {
-    return iVec::blendv(code | sign, iVec(0x7F) | ((in_bits >> iVec(24)) & iVec(0x80)), nan);
+    return iVec::blendv(code, iVec(0x7F), nan) | sign;
   }
 }
 
