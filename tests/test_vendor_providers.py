@@ -47,10 +47,11 @@ def providers():
     return _WRAPPERS
 
 
-AITER_OPS = ["fused_add_rms_norm", "gelu_and_mul", "gelu_fast", "rms_norm", "silu_and_mul"]
+AITER_OPS = ["fused_add_rms_norm", "gelu_and_mul", "gelu_fast", "rms_norm", "silu_and_mul", "static_quant_fp8"]
 XPU_OPS = [
-    *("fatrelu_and_mul", "fused_add_rms_norm", "gelu_and_mul", "gelu_fast", "gelu_new", "mul_and_silu"),
-    *("quick_gelu", "relu2", "rms_norm", "silu_and_mul", "swigluoai_and_mul"),
+    *("dynamic_group_quant_fp8", "dynamic_quant_fp8", "fatrelu_and_mul", "fused_add_rms_norm", "gelu_and_mul"),
+    *("gelu_fast", "gelu_new", "mul_and_silu", "quick_gelu", "relu2", "rms_norm", "rotary_embedding"),
+    *("silu_and_mul", "static_quant_fp8", "swigluoai_and_mul"),
 ]
 
 
@@ -464,3 +465,237 @@ def test_xpu_activation_uses_old_names_and_declines_missing_functions(xpu_double
     verdict = xpu_act.swigluoai_and_mul_supports(x)
     assert verdict.reason == "the installed vllm-xpu-kernels has no swigluoai_and_mul: upgrade it"
     torch.testing.assert_close(vllm_ir.ops.relu2.impls["xpu_kernels"].fn(x), vllm_ir.ops.relu2.fn(x))
+
+
+# -- FP8 quantization and rotary embedding -----------------------------------------------------------
+
+E4M3, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+
+
+@pytest.fixture
+def aiter_quant(providers):
+    return sys.modules["vllm_ir_provider_aiter.quant"]
+
+
+@pytest.fixture
+def xpu_quant(providers):
+    return sys.modules["vllm_ir_provider_xpu_kernels.quant"]
+
+
+@pytest.fixture
+def xpu_rotary(providers):
+    return sys.modules["vllm_ir_provider_xpu_kernels.rotary"]
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        ((torch.randn(4, 64, dtype=BF16), torch.ones(1), FNUZ, None), "AITER clamps e4m3fnuz to its dtype max 240"),
+        ((torch.randn(4, 64), torch.ones(1), E4M3, None), "float16/bfloat16, not torch.float32"),
+        ((torch.randn(4, 12, dtype=BF16), torch.ones(1), E4M3, None), "multiple of 8"),
+        ((torch.randn(4, 96, dtype=BF16)[:, :64], torch.ones(1), E4M3, None), "x must be contiguous"),
+        ((torch.randn(4, 64, dtype=BF16), torch.ones(4, 1), E4M3, None), "one per-tensor scale"),
+        ((torch.randn(4, 64, dtype=BF16), torch.ones(64), E4M3, None), "one per-tensor scale"),
+        ((torch.randn(4, 64, dtype=BF16), torch.ones(1).double(), E4M3, None), "scale must be float32"),
+        ((torch.randn(2, 4, 64, dtype=BF16), torch.ones(1), E4M3, 8), "num_token_padding with a 3-D x"),
+    ],
+)
+def test_aiter_static_quant_declines_with_reason(aiter_quant, args, reason):
+    verdict = aiter_quant.static_rules(*args)
+    assert not verdict and reason in verdict.reason
+
+
+def test_aiter_static_quant_accepts_and_declines_cpu_and_other_gpu_fp8(aiter_double, aiter_quant, monkeypatch):
+    x = torch.randn(2, 3, 64, dtype=F16)
+    assert aiter_quant.static_rules(x, torch.ones(1), E4M3, None) is True
+    assert aiter_quant.static_rules(x, torch.tensor(0.5), E4M3, None) is True  # 0-d scale
+    assert aiter_quant.static_supports(x, torch.ones(1), E4M3).reason == "tensors are on cpu; AITER runs on ROCm GPUs"
+    monkeypatch.setattr(aiter_quant, "_on_gpu", lambda x: True)  # stand in for a ROCm tensor
+    aiter_quant.ops.fp8_dtype.cache_clear()
+    assert aiter_quant.static_supports(x, torch.ones(1), E4M3) is True
+    monkeypatch.setattr(aiter_double.dtypes, "fp8", FNUZ)  # a gfx942
+    aiter_quant.ops.fp8_dtype.cache_clear()
+    verdict = aiter_quant.static_supports(x, torch.ones(1), E4M3)
+    assert verdict.reason == "AITER on this GPU quantizes to torch.float8_e4m3fnuz, not torch.float8_e4m3fn"
+    aiter_quant.ops.fp8_dtype.cache_clear()
+    assert set(vllm_ir.ops_implemented_by("aiter")) >= {"static_quant_fp8"}
+    assert "dynamic_quant_fp8" not in vllm_ir.ops_implemented_by("aiter")  # no floor, scale_ub ignored
+
+
+@pytest.mark.parametrize("padding", [None, 8])
+def test_aiter_static_quant_calls_the_vendor_with_a_fresh_out(aiter_double, padding):
+    op = vllm_ir.ops.static_quant_fp8
+    x, scale, _, _ = op.generate_inputs((5, 64), BF16)
+    q = op.impls["aiter"].fn(x, scale, E4M3, padding)
+    (call,) = aiter_double.CALLS
+    assert call["fn"] == "static_per_tensor_quant" and call["input"] is x
+    assert call["out"].data_ptr() == q.data_ptr() and call["out"].shape == (5, 64)  # the first rows of q
+    assert call["scale"].data_ptr() == scale.data_ptr() and call["scale"].shape == (1,)
+    assert q.shape == ((8, 64) if padding else (5, 64))
+    assert _same_bytes(q[:5], op.fn(x, scale, E4M3))  # exact reciprocal in the stand-in: native's bytes
+
+
+def test_aiter_static_quant_is_one_opaque_node_and_raises_on_other_scales(aiter_double):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    impl = vllm_ir.ops.static_quant_fp8.impls["aiter"]
+    x, s = torch.randn(4, 64, dtype=BF16), torch.ones(1)
+    gm = make_fx(lambda x, s: impl.fn(x, s, E4M3), tracing_mode="fake")(x, s)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.vllm_ir_aiter.static_quant_fp8.default] and aiter_double.CALLS == []
+    with pytest.raises(ValueError, match=r"static_quant_fp8 \(provider aiter\): AITER takes one per-tensor scale"):
+        impl.fn(x, torch.ones(4, 1), E4M3)
+
+
+@pytest.mark.parametrize(
+    ("rules", "args", "reason"),
+    [
+        ("static_rules", (torch.randn(4, 8), torch.ones(1), FNUZ, None), "quantizes to float8_e4m3fn"),
+        ("static_rules", (torch.randn(4, 8).double(), torch.ones(1), E4M3, None), "not torch.float64"),
+        ("static_rules", (torch.randn(8), torch.ones(1), E4M3, None), "x is 1-D"),
+        ("static_rules", (torch.randn(4, 0), torch.ones(1), E4M3, None), "last dimension is 0"),
+        ("static_rules", (torch.randn(8, 4).t(), torch.ones(1), E4M3, None), "rows have no single stride"),
+        ("static_rules", (torch.randn(2, 4, 8), torch.ones(2, 4, 1), E4M3, None), "scale is 3-D"),
+        ("static_rules", (torch.randn(2, 4, 8), torch.ones(2, 1), E4M3, None), "a 2-D scale with a 3-D x"),
+        ("dynamic_rules", (torch.randn(4, 8), False, E4M3, torch.ones(1), None), "scale_ub with per-tensor scales"),
+        ("dynamic_rules", (torch.randn(4, 16)[:, :8], True, E4M3, None, None), "x must be contiguous"),
+        ("dynamic_rules", (torch.randn(4, 8), True, E4M3, torch.ones(2), None), "scale_ub must be one float32"),
+        ("group_rules", (torch.randn(4, 40), 16, False, E4M3), "not a multiple of group_size 16"),
+        ("group_rules", (torch.randn(4, 64)[:, :32], 16, False, E4M3), "x must be contiguous"),
+        ("group_rules", (torch.randn(2, 4, 32), 16, True, E4M3), "column_major scales of a 3-D x"),
+    ],
+)
+def test_xpu_quant_declines_with_reason(xpu_quant, rules, args, reason):
+    verdict = getattr(xpu_quant, rules)(*args)
+    assert not verdict and reason in verdict.reason
+
+
+def test_xpu_quant_predicates_decline_cpu_and_old_static_without_group_shape(xpu_double, xpu_quant, monkeypatch):
+    x = torch.randn(4, 64)
+    assert xpu_quant.dynamic_supports(x, True, E4M3).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    monkeypatch.setattr(xpu_quant, "_on_xpu", lambda x: True)  # stand in for an XPU tensor
+    assert xpu_quant.static_supports(x, torch.ones(64), E4M3) is True
+    monkeypatch.setattr(xpu_quant, "_has_group_shape", lambda: False)  # a release before group_shape
+    assert xpu_quant.static_supports(x, torch.ones(1), E4M3) is True  # one scale needs no group_shape
+    verdict = xpu_quant.static_supports(x, torch.ones(64), E4M3)
+    assert "has no group_shape (one scale only): upgrade it" in verdict.reason
+
+
+STATIC_CASES = [
+    ("per_tensor", {}, None),
+    ("per_token_1d", {"granularity": "token"}, None),
+    ("per_channel", {"granularity": "channel"}, (-1, 1)),
+    ("per_channel_2d", {"granularity": "channel_2d"}, None),
+    ("group_2x32", {"granularity": "group", "group": (2, 32)}, None),
+    ("padded", {"num_token_padding": 8}, None),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "group_shape"), STATIC_CASES, ids=[c[0] for c in STATIC_CASES])
+def test_xpu_static_quant_maps_scale_layouts(xpu_double, name, options, group_shape):
+    op = vllm_ir.ops.static_quant_fp8
+    x, scale, fp8, pad = op.generate_inputs((4, 64), BF16, **options)
+    if name == "per_token_1d":
+        scale = scale.reshape(4)  # a 1-D per-token scale: group_shape (1, -1)
+        group_shape = (1, -1)
+    q = op.impls["xpu_kernels"].fn(x, scale, fp8, pad)
+    (call,) = xpu_double.CALLS
+    assert call["input"] is x and call["scale"] is scale and call["group_shape"] == group_shape
+    assert call["out"].data_ptr() == q.data_ptr() and call["out"].shape == (4, 64)
+    assert _same_bytes(q[:4], op.fn(x, scale, fp8)[:4])
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+def test_xpu_dynamic_quant_calls_per_token_or_per_tensor(xpu_double, per_token):
+    op = vllm_ir.ops.dynamic_quant_fp8
+    ub = torch.tensor([2.0]) if per_token else None
+    x = op.generate_inputs((2, 3, 32), F16)[0]
+    q, scale = op.impls["xpu_kernels"].fn(x, per_token, E4M3, ub)
+    (call,) = xpu_double.CALLS
+    assert call["fn"] == ("dynamic_per_token_scaled_fp8_quant" if per_token else "dynamic_scaled_fp8_quant")
+    assert call["input"] is x and call["out"] is q and call["scale"] is scale
+    if per_token:
+        assert call["scale_ub"] is ub
+    q_ref, scale_ref = op.fn(x, per_token, E4M3, ub)
+    assert scale.shape == scale_ref.shape and torch.equal(scale, scale_ref)
+    assert _same_bytes(q, q_ref)
+
+
+def test_xpu_per_tensor_scale_has_no_floor_and_empty_input_skips_the_call(xpu_double):
+    impl = vllm_ir.ops.dynamic_quant_fp8.impls["xpu_kernels"]
+    q, scale = impl.fn(torch.zeros(2, 8), False, E4M3)
+    assert scale.item() == 0.0 and (q.float() * scale).abs().max() == 0  # dequantizes to x (q is +448)
+    q, scale = impl.fn(torch.zeros(0, 8), False, E4M3)
+    native = vllm_ir.ops.dynamic_quant_fp8.fn(torch.zeros(0, 8), False, E4M3)[1]
+    assert torch.equal(scale, native) and len(xpu_double.CALLS) == 1  # the op's scale (the floor), no launch
+
+
+@pytest.mark.parametrize(
+    ("shape", "column_major", "ue8m0"), [((4, 64), False, False), ((4, 64), True, True), ((2, 3, 32), False, True)]
+)
+def test_xpu_group_quant_passes_2d_scales_in_the_ops_layout(xpu_double, shape, column_major, ue8m0):
+    op = vllm_ir.ops.dynamic_group_quant_fp8
+    x = op.generate_inputs(shape, BF16)[0]
+    q, scales = op.impls["xpu_kernels"].fn(x, 16, column_major, ue8m0, E4M3)
+    (call,) = xpu_double.CALLS
+    assert call["input"] is x and call["out"] is q and call["group_size"] == 16 and call["scale_ue8m0"] == ue8m0
+    assert call["scale"].dim() == 2 and call["scale"].data_ptr() == scales.data_ptr()
+    assert (call["eps"], call["fp8_min"], call["fp8_max"]) == (1e-10, -448.0, 448.0)
+    q_ref, scales_ref = op.fn(x, 16, column_major, ue8m0, E4M3)
+    assert scales.shape == scales_ref.shape and scales.stride() == scales_ref.stride()
+    assert torch.equal(scales, scales_ref) and _same_bytes(q, q_ref)
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (lambda p, q, k, c: (p, q.double(), k.double(), 64, c.double(), None), "not torch.float64"),
+        (lambda p, q, k, c: (p.int(), q, k, 64, c, None), "positions are torch.int32"),
+        (lambda p, q, k, c: (p, q, k, 64, c.half(), None), "cos_sin_cache is torch.float16"),
+        (lambda p, q, k, c: (p, q, k, 64, c.t().contiguous().t(), None), "contiguous [max_position, rotary_dim]"),
+        (lambda p, q, k, c: (p, q, k, 64, c, 32), "rotary_dim 32 / cache width 64"),
+        (lambda p, q, k, c: (p, q.view(4, 2, 64)[:, :, ::2], None, 32, c[:, :32].contiguous(), None), "unit channel"),
+        (lambda p, q, k, c: (p, q, torch.randn(4, 2, 96)[..., :64], 64, c, None), "key's head stride 96"),
+    ],
+)
+def test_xpu_rotary_declines_with_reason(xpu_rotary, args, reason):
+    p, q, k = torch.randint(0, 8, (4,)), torch.randn(4, 128), torch.randn(4, 128)
+    c = torch.randn(8, 64)
+    verdict = xpu_rotary.rules(*args(p, q, k, c))
+    assert not verdict and reason in verdict.reason
+
+
+ROTARY_VARIANTS = ["default", "gptj", "partial", "no_key", "sliced", "qkv_slices", "gqa", "heads_3d"]
+
+
+@pytest.mark.parametrize("variant", ROTARY_VARIANTS)
+def test_xpu_rotary_rotates_in_place_through_views(xpu_double, variant):
+    op = vllm_ir.ops.rotary_embedding
+    options = {} if variant == "default" else op.input_variants[variant]
+    args = op.generate_inputs((2, 3, 128), BF16, **options)
+    query, key = args[1:3]
+    expected = op.fn(*args)
+    q_ptr, k_ptr = query.data_ptr(), None if key is None else key.data_ptr()
+    out_q, out_k = op.impls["xpu_kernels"].fn(*args)
+    (call,) = xpu_double.CALLS
+    assert out_q is query and out_k is key  # in place, the donated buffers returned
+    assert call["positions"].dim() == 1 and call["query"].data_ptr() == q_ptr and call["query"].dim() == 3
+    assert (call["key"] is None) if key is None else call["key"].data_ptr() == k_ptr
+    assert call["cache"] is args[4] and call["is_neox"] == args[5] and call["head_size"] == args[3]
+    atol, rtol = op.tolerance(BF16)
+    torch.testing.assert_close(out_q, expected[0], atol=atol, rtol=rtol)
+    if key is not None:
+        torch.testing.assert_close(out_k, expected[1], atol=atol, rtol=rtol)
+
+
+def test_xpu_rotary_functional_call_leaves_inputs_and_predicate_declines_cpu(xpu_double, xpu_rotary):
+    op = vllm_ir.ops.rotary_embedding
+    args = op.generate_inputs((4, 128), F16)
+    assert xpu_rotary.rotary_embedding_supports(*args).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    assert op.impls["xpu_kernels"].inplace
+    with pytest.raises(ValueError, match=r"rotary_embedding \(provider xpu_kernels\): query is not"):
+        op.impls["xpu_kernels"].fn(args[0], args[1][:, ::2], None, 32, args[4][:, :32].contiguous(), True)

@@ -1,5 +1,5 @@
-"""Provider ``aiter``: AMD AITER's RMSNorm and activation kernels behind ``vllm_ir_aiter`` custom ops
-(ROCm only; the activations are registered by ``activation.py``).
+"""Provider ``aiter``: AMD AITER's RMSNorm, activation and FP8 quant kernels behind ``vllm_ir_aiter``
+custom ops (ROCm only; the activations are registered by ``activation.py``, quantization by ``quant.py``).
 
 Loading this module never imports AITER: availability is decided from torch's build, the
 visible GPU and whether the ``aiter`` package can be found, and the vendor module is
@@ -93,6 +93,7 @@ def vllm_ir_default_priority(platform, mode):
     return None
 
 
-from vllm_ir_provider_aiter import activation  # noqa: E402  (registers the activations; needs the above)
+# Each family module registers its implementations (they need the above).
+from vllm_ir_provider_aiter import activation, quant  # noqa: E402
 
-__all__ = ["activation", "ops"]
+__all__ = ["activation", "ops", "quant"]

@@ -13,7 +13,12 @@ against the 2026 tree), each writing a caller-allocated ``out``:
 - ``aiter.silu_and_mul(out, input)`` / ``gelu_and_mul`` / ``gelu_tanh_and_mul``: ``input``
   is ``[..., 2d]`` with the gate first, ``out`` ``[..., d]`` (newer releases add an optional
   ``limit`` clamp to ``silu_and_mul``; it is left at its default 0, no clamp);
-- ``aiter.gelu_fast(out, input)`` (elementwise; recent releases only).
+- ``aiter.gelu_fast(out, input)`` (elementwise; recent releases only);
+
+and AITER's FP8 quantization (``aiter/ops/quant.py`` and ``csrc/kernels/quant_kernels.cu``):
+
+- ``aiter.static_per_tensor_quant(out, input, scale)``: one float32 scale, ``out`` of
+  ``aiter.dtypes.fp8``.
 """
 
 from __future__ import annotations
@@ -112,3 +117,28 @@ def gelu_fast(x: Tensor) -> Tensor:
 @gelu_fast.register_fake
 def _(x: Tensor) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@functools.cache
+def fp8_dtype() -> torch.dtype:
+    """AITER's fp8 dtype on this GPU (``aiter.dtypes.fp8``: e4m3fnuz on gfx942, e4m3fn on gfx950);
+    its quant kernels write no other (imports AITER: called on the GPU path only)."""
+    return _aiter().dtypes.fp8
+
+
+@torch.library.custom_op("vllm_ir_aiter::static_quant_fp8", mutates_args=())
+def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, rows: int) -> Tensor:
+    """``aiter.static_per_tensor_quant(out, x, scale)`` into the first ``x``'s rows of a fresh
+    ``[rows, K]``-shaped (x's shape unless padded) ``out``; pad rows stay unwritten."""
+    shape = (rows, *x.shape[1:]) if x.dim() and rows > x.shape[0] else tuple(x.shape)
+    out = torch.empty(shape, dtype=fp8_dtype, device=x.device)
+    if x.numel():
+        written = out[: x.shape[0]] if out.shape != x.shape else out
+        _aiter().static_per_tensor_quant(written, aligned(x), scale.reshape(1))
+    return out
+
+
+@static_quant_fp8.register_fake
+def _(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, rows: int) -> Tensor:
+    shape = (rows, *x.shape[1:]) if x.dim() and rows > x.shape[0] else tuple(x.shape)
+    return x.new_empty(shape, dtype=fp8_dtype)

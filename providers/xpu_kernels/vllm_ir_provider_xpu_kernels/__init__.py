@@ -1,6 +1,8 @@
-"""Provider ``xpu_kernels``: Intel's vllm-xpu-kernels RMSNorm and activations (SYCL) on XPU devices.
+"""Provider ``xpu_kernels``: Intel's vllm-xpu-kernels RMSNorm, activations, FP8 quantization and
+rotary embedding (SYCL) on XPU devices.
 
-The activations are registered by ``activation.py``.
+The activations are registered by ``activation.py``, the FP8 quant ops by ``quant.py``,
+``rotary_embedding`` by ``rotary.py``.
 
 ``import vllm_xpu_kernels._C`` registers ``torch.ops._C.rms_norm(out, input, weight, eps)``
 and ``torch.ops._C.fused_add_rms_norm(input, residual, weight, eps)`` (in place); they are
@@ -105,6 +107,7 @@ def vllm_ir_default_priority(platform, mode):
     return None
 
 
-from vllm_ir_provider_xpu_kernels import activation  # noqa: E402  (registers the activations; needs the above)
+# Each family module registers its implementations (they need the above).
+from vllm_ir_provider_xpu_kernels import activation, quant, rotary  # noqa: E402
 
-__all__ = ["activation"]
+__all__ = ["activation", "quant", "rotary"]

@@ -72,3 +72,25 @@ def gelu_fast(out, input):
     assert input.data_ptr() % 16 == 0, "gelu_fast: AITER loads 16-byte vectors from the input"
     f = input.float()
     out.copy_((0.5 * f * (1.0 + torch.tanh(0.7978845608 * f * (1.0 + 0.044715 * f * f)))).to(out.dtype))
+
+
+# -- FP8 quantization (aiter/ops/quant.py): static per-tensor, out of aiter.dtypes.fp8 -------------
+
+
+class dtypes:  # AITER's module of dtype constants, a namespace here
+    """AITER's dtype constants; ``fp8`` is the GPU's (this stand-in plays a gfx950: e4m3fn)."""
+
+    fp8 = torch.float8_e4m3fn
+
+
+def static_per_tensor_quant(out, input, scale):
+    CALLS.append({"fn": "static_per_tensor_quant", "out": out, "input": input, "scale": scale})
+    assert input.dtype in (torch.float16, torch.bfloat16), "AITER_DISPATCH_FLOATING16_TYPES: fp16/bf16 input only"
+    assert out.dtype == dtypes.fp8, f"static_per_tensor_quant not support output type: {out.dtype}"
+    assert input.is_contiguous() and out.is_contiguous(), "AITER addresses row t at t * K (contiguous)"
+    assert out.shape == input.shape, f"out {tuple(out.shape)} for input {tuple(input.shape)}"
+    assert input.data_ptr() % 16 == 0 and input.shape[-1] % 8 == 0, "AITER loads 16-byte vectors per row"
+    assert scale.dtype == torch.float32 and scale.numel() == 1, "one float32 scale"
+    assert input.numel() > 0, "AITER launches one block per row"
+    bound = torch.finfo(out.dtype).max  # AITER clamps to the dtype's max (240 for e4m3fnuz)
+    out.copy_((input.float() * (1.0 / scale.float())).clamp(-bound, bound).to(out.dtype))

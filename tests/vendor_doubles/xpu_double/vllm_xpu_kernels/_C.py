@@ -115,3 +115,139 @@ _ACTIVATION_KERNELS = {
 for _name, _schema in _ACTIVATION_SCHEMAS.items():
     _lib.define(_schema)
     _lib.impl(_name, _ACTIVATION_KERNELS[_name], "CPU")
+
+
+# -- FP8 quantization (csrc/quantization/fp8/fp8_quant.cpp): e4m3fn, max 448, fmin/fmax clamp ------
+_QUANT_SCHEMAS = {
+    "static_scaled_fp8_quant": (
+        "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, (int, int)? group_shape=None) -> ()"
+    ),
+    "dynamic_scaled_fp8_quant": "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
+    "dynamic_per_token_scaled_fp8_quant": (
+        "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor? scale_ub) -> ()"
+    ),
+    "per_token_group_fp8_quant": (
+        "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, int group_size, float eps, "
+        "float fp8_min, float fp8_max, bool scale_ue8m0) -> ()"
+    ),
+}
+_FP8_MAX = 448.0
+_MIN_SCALE = 1.0 / (_FP8_MAX * 512.0)
+
+
+def _convert(values: torch.Tensor, inverse: torch.Tensor, out: torch.Tensor) -> None:
+    """ConvertWithScaleOp<true>: x * inverse, fmax(-max, fmin(x, max)) (NaN becomes +max), cast."""
+    assert out.dtype == torch.float8_e4m3fn, "VLLM_DISPATCH_FP8_TYPES: e4m3fn (or e5m2)"
+    v = values.float() * inverse
+    v = torch.where(v.isnan(), torch.full_like(v, _FP8_MAX), v.clamp(-_FP8_MAX, _FP8_MAX))
+    out.copy_(v.to(out.dtype))
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as [rows, K] read at row * t.stride(-2), as the kernels read it."""
+    assert t.stride(-1) == 1, "last dimension must be contiguous"
+    k = t.shape[-1]
+    rows = t.numel() // k
+    return t.as_strided((rows, k), (t.stride(-2), 1))
+
+
+def _static_scaled_fp8_quant(result, input, scale, group_shape=None):
+    CALLS.append({"fn": "static_scaled_fp8_quant", "out": result, "input": input, "scale": scale,
+                  "group_shape": group_shape})  # fmt: skip
+    x, out = _rows(input), _rows(result)
+    m, n = x.shape
+    if scale.dim() == 0 or scale.numel() == 1:
+        s = scale.reshape(1, 1).expand(m, n)
+    elif scale.dim() == 1:
+        assert group_shape is not None, "1D scale requires explicit group_shape"
+        gm = m if group_shape[0] == -1 else group_shape[0]
+        gn = n if group_shape[1] == -1 else group_shape[1]
+        assert scale.numel() == (m // gm) * (n // gn), "1D scale length does not match group_shape"
+        s = scale.reshape(1, n).expand(m, n) if m // gm == 1 else scale.reshape(m, 1).expand(m, n)
+    else:
+        assert scale.dim() == 2 and m % scale.shape[0] == 0 and n % scale.shape[1] == 0, "scale must divide x"
+        s = scale.repeat_interleave(m // scale.shape[0], 0).repeat_interleave(n // scale.shape[1], 1)
+    _convert(x, 1.0 / s, out)
+
+
+def _dynamic_scaled_fp8_quant(result, input, scale):
+    CALLS.append({"fn": "dynamic_scaled_fp8_quant", "out": result, "input": input, "scale": scale})
+    x = _rows(input)
+    scale.copy_((x.float().abs().amax() / _FP8_MAX).reshape(1))  # no floor
+    _convert(x, 1.0 / scale, _rows(result))
+
+
+def _dynamic_per_token_scaled_fp8_quant(result, input, scale, scale_ub):
+    CALLS.append({"fn": "dynamic_per_token_scaled_fp8_quant", "out": result, "input": input, "scale": scale,
+                  "scale_ub": scale_ub})  # fmt: skip
+    assert input.is_contiguous() and result.is_contiguous(), "TORCH_CHECK(input.is_contiguous())"
+    x = input.reshape(-1, input.shape[-1]).float()
+    absmax = x.abs().amax(-1, keepdim=True)
+    if scale_ub is not None:
+        absmax = torch.minimum(absmax, scale_ub.reshape(1, 1))
+    s = (absmax / _FP8_MAX).clamp(min=_MIN_SCALE)
+    scale.copy_(s.reshape(scale.shape))
+    _convert(x, 1.0 / s, result.view(-1, input.shape[-1]))
+
+
+def _per_token_group_fp8_quant(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0):
+    CALLS.append({"fn": "per_token_group_fp8_quant", "input": input, "out": output_q, "scale": output_s,
+                  "group_size": group_size, "eps": eps, "fp8_min": fp8_min, "fp8_max": fp8_max,
+                  "scale_ue8m0": scale_ue8m0})  # fmt: skip
+    assert input.is_contiguous() and output_q.is_contiguous(), "TORCH_CHECK(input.is_contiguous())"
+    assert input.numel() % group_size == 0 and output_s.dim() == 2
+    groups = input.reshape(-1, group_size).float()  # groups over the flat input
+    absmax = groups.abs().amax(-1, keepdim=True).clamp(min=eps)
+    s = (absmax / _FP8_MAX).clamp(min=_MIN_SCALE)  # the kernel's own max, not fp8_max
+    if scale_ue8m0:
+        s = torch.exp2(torch.ceil(torch.log2(s.abs().clamp(min=1e-10))))
+    per_row = output_s.shape[1]  # groups per row (column-major: [M, G] with strides (1, M))
+    output_s.copy_(s.reshape(-1, per_row))
+    _convert(groups, 1.0 / s, output_q.view(-1, group_size))
+
+
+for _name, _schema in _QUANT_SCHEMAS.items():
+    _lib.define(_schema)
+_lib.impl("static_scaled_fp8_quant", _static_scaled_fp8_quant, "CPU")
+_lib.impl("dynamic_scaled_fp8_quant", _dynamic_scaled_fp8_quant, "CPU")
+_lib.impl("dynamic_per_token_scaled_fp8_quant", _dynamic_per_token_scaled_fp8_quant, "CPU")
+_lib.impl("per_token_group_fp8_quant", _per_token_group_fp8_quant, "CPU")
+
+
+# -- rotary embedding (csrc/pos_encoding_kernels.cpp): vLLM's in-place kernel ----------------------
+_lib.define(
+    "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, "
+    "bool is_neox) -> ()"
+)
+
+
+def _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+    CALLS.append({"fn": "rotary_embedding", "positions": positions, "query": query, "key": key,
+                  "head_size": head_size, "cache": cos_sin_cache, "is_neox": is_neox})  # fmt: skip
+    assert positions.dim() in (1, 2) and positions.dtype == torch.int64
+    tokens = positions.numel()
+    assert query.shape[0] == positions.shape[0] and (key is None or key.shape[0] == positions.shape[0])
+    assert cos_sin_cache.dtype == query.dtype and cos_sin_cache.is_contiguous()
+    rot = cos_sin_cache.shape[1]
+    half = rot // 2
+    seq_dim = positions.dim() - 1
+    # The kernel's addressing: token t at t * stride(seq_dim), head h at h * head_stride (query's, for
+    # the key too), channel c at c.
+    head_stride = query.stride(-2) if query.dim() == positions.dim() + 2 else head_size
+    cache = cos_sin_cache[positions.reshape(-1)]
+    cos, sin = cache[:, None, :half], cache[:, None, half:]
+    for t in (query, key):
+        if t is None:
+            continue
+        heads = t.numel() // tokens // head_size
+        view = t.as_strided((tokens, heads, rot), (t.stride(seq_dim), head_stride, 1), t.storage_offset())
+        if is_neox:
+            x, y = view[..., :half], view[..., half:]
+        else:
+            x, y = view[..., 0::2], view[..., 1::2]
+        x0, y0 = x.clone(), y.clone()
+        x.copy_(x0 * cos - y0 * sin)  # in the tensors' dtype, as the kernel's scalar_t arithmetic
+        y.copy_(y0 * cos + x0 * sin)
+
+
+_lib.impl("rotary_embedding", _rotary_embedding, "CPU")

@@ -1,0 +1,228 @@
+"""FP8 quantization in Triton: ``static_quant_fp8``, ``dynamic_quant_fp8`` (per token and per
+tensor) and ``dynamic_group_quant_fp8``; the kernels are in ``kernels/quant.py``.
+
+The kernels round as the declarations do (fp32 ``x * (1 / scale)``, clamp, fp8 encoding to
+nearest even done with integer operations) and are bit-identical to native in the CPU
+interpreter (tests/test_triton_quant.py). They are not registered ``exact``: that claim is
+unmeasured on GPUs (no GPU here), and the ops' comparison mode (dequantized values plus a
+mismatch bound) is the contract. Every implementation is ``batch_invariant``: a value depends
+on its own row (or group), or on the whole tensor's absmax, a max (no order of reduction).
+
+Predicates read dtypes, devices, ranks, non-token sizes and strides, never the token count:
+
+- x: float32/float16/bfloat16, rows of its last dimension with one row stride (contiguous,
+  row slices of a wider buffer, or a 2-D x with any row stride);
+- static scales: float32, per-tensor, per-token, per-channel or 2-D blocks of a 2-D x; an
+  N-D scale of an N-D x (N > 2) only per token (``[..., 1]``) or per channel (``[1, .., K]``);
+- ``num_token_padding`` only with a 2-D x (native raises otherwise); pad rows are left unwritten;
+- group sizes up to 4096 (a group is reduced in one program's registers).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir_provider_triton import SUPPORTED, interpreting
+
+PROVIDER = "triton"
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+#: Mirrors kernels/quant.py (importing it needs Triton, predicates must not).
+MAX_GROUP = 4096
+
+
+def _rows_stride(x: Tensor) -> int | None:
+    """See ``kernels.quant.rows_stride`` (duplicated: predicates must work without Triton)."""
+    if x.dim() == 0 or (x.stride(-1) != 1 and x.shape[-1] != 1):
+        return None
+    if x.dim() == 1:
+        return x.shape[-1]
+    expected = x.stride(-2) * x.shape[-2]
+    for d in range(x.dim() - 3, -1, -1):
+        if x.stride(d) != expected:
+            return None
+        expected *= x.shape[d]
+    return x.stride(-2)
+
+
+def _common(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> bool | vllm_ir.Unsupported:
+    if fp8_dtype not in _FP8_DTYPES:
+        return vllm_ir.Unsupported(f"fp8_dtype {fp8_dtype} is not float8_e4m3fn or float8_e4m3fnuz (native raises)")
+    if x.dtype not in _DTYPES:
+        return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
+    if x.device.type not in ("cpu", "cuda", "xpu"):
+        return vllm_ir.Unsupported(f"x is on {x.device.type}; Triton runs on GPUs (or CPU when interpreting)")
+    if x.device.type == "cpu" and not interpreting():
+        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
+    if x.dim() == 0:
+        return vllm_ir.Unsupported("x is 0-d (the kernels quantize rows of a last dimension)")
+    if _rows_stride(x) is None:
+        return vllm_ir.Unsupported(
+            "x is not rows with one row stride (a strided last dimension, or leading dimensions that do not collapse)"
+        )
+    if num_token_padding is not None and x.dim() != 2:
+        return vllm_ir.Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
+    return True
+
+
+def _same_device(x: Tensor, name: str, t: Tensor) -> bool | vllm_ir.Unsupported:
+    if t.dtype != torch.float32:
+        return vllm_ir.Unsupported(f"{name} dtype {t.dtype} is not float32")
+    if t.device != x.device:
+        return vllm_ir.Unsupported(f"{name} is on {t.device}, x on {x.device}")
+    return True
+
+
+def static_supports(
+    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
+) -> bool | vllm_ir.Unsupported:
+    verdict = _common(x, fp8_dtype, num_token_padding) and _same_device(x, "scale", scale)
+    if not verdict:
+        return verdict
+    if scale.dim() == 2 and x.dim() == 1:
+        return vllm_ir.Unsupported("a 2-D scale with a 1-D x")
+    if scale.dim() > 2:
+        if scale.dim() != x.dim():
+            return vllm_ir.Unsupported(f"a {scale.dim()}-D scale with a {x.dim()}-D x (native raises)")
+        if scale.shape[-1] not in (1, x.shape[-1]):
+            return vllm_ir.Unsupported(
+                f"a {scale.dim()}-D scale of {scale.shape[-1]} column groups (the kernel groups columns of a "
+                "2-D x only; N-D scales must be per token [..., 1] or per channel [1, .., K])"
+            )
+    return True
+
+
+def dynamic_supports(
+    x: Tensor,
+    per_token: bool,
+    fp8_dtype: torch.dtype,
+    scale_ub: Tensor | None = None,
+    num_token_padding: int | None = None,
+) -> bool | vllm_ir.Unsupported:
+    verdict = _common(x, fp8_dtype, num_token_padding)
+    if not verdict:
+        return verdict
+    if per_token and x.shape[-1] == 0:
+        return vllm_ir.Unsupported("per-token scales of rows with no elements (native raises)")
+    if scale_ub is not None:
+        verdict = _same_device(x, "scale_ub", scale_ub)
+        if not verdict:
+            return verdict
+        if scale_ub.dim() > 1 or scale_ub.numel() != 1:
+            return vllm_ir.Unsupported(
+                f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D)"
+            )
+    return True
+
+
+def group_supports(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> bool | vllm_ir.Unsupported:
+    verdict = _common(x, fp8_dtype)
+    if not verdict:
+        return verdict
+    if not 1 <= group_size <= MAX_GROUP:
+        return vllm_ir.Unsupported(f"group_size {group_size} is not in [1, {MAX_GROUP}] (one group per program row)")
+    if column_major and x.dim() < 2:
+        return vllm_ir.Unsupported("column_major scales of a 1-D x (native raises)")
+    return True
+
+
+def scale_plan(x: Tensor, scale: Tensor) -> tuple[Tensor, int, int]:
+    """``scale`` as a 2-D float32 tensor over x's rows with its group sizes (rows, columns),
+    following the declaration's `broadcast_scale`; a ValueError naming the op otherwise."""
+    what = "static_quant_fp8 (provider triton)"
+    cols = x.shape[-1]
+    rows = x.numel() // cols if cols else 0
+    if scale.numel() == 1:
+        return scale.reshape(1, 1), max(rows, 1), max(cols, 1)
+    if scale.dim() == 1:
+        if scale.shape[0] == cols:  # per channel
+            return scale.reshape(1, cols), max(rows, 1), 1
+        if scale.shape[0] == rows:  # per token
+            return scale.reshape(rows, 1), 1, max(cols, 1)
+        raise ValueError(f"{what}: a 1-D scale must have 1, {cols} or {rows} elements, got {scale.shape[0]}")
+    if scale.dim() != x.dim():
+        raise ValueError(f"{what}: scale of shape {list(scale.shape)} does not group x of shape {list(x.shape)}")
+    if x.dim() == 2:
+        (s_rows, s_cols), groups = scale.shape, []
+        for size, n, d in ((rows, s_rows, 0), (cols, s_cols, 1)):
+            if size == n:  # one scale per row / column (an empty x included)
+                groups.append(1)
+                continue
+            if n == 0 or size % n:
+                raise ValueError(
+                    f"{what}: scale of shape {list(scale.shape)} does not divide x of shape {list(x.shape)} "
+                    f"along dimension {d}"
+                )
+            groups.append(size // n)
+        return scale, groups[0], groups[1]
+    leading, x_leading = tuple(scale.shape[:-1]), tuple(x.shape[:-1])
+    if scale.shape[-1] not in (1, cols) or leading not in (x_leading, (1,) * len(leading)):
+        raise ValueError(
+            f"{what}: a {scale.dim()}-D scale of shape {list(scale.shape)} must be per token or per channel "
+            f"of x of shape {list(x.shape)} (blocks over leading dimensions are not implemented)"
+        )
+    s_rows = rows if leading == x_leading else 1
+    flat = scale.reshape(s_rows, scale.shape[-1])
+    return flat, (1 if s_rows == rows else max(rows, 1)), (1 if scale.shape[-1] == cols else max(cols, 1))
+
+
+def _q_bytes(x: Tensor, num_token_padding: int | None = None) -> Tensor:
+    """q's bytes (the kernels write uint8; the result is viewed as fp8): x's shape, or at least
+    ``num_token_padding`` rows (left unwritten past x's)."""
+    shape = tuple(x.shape)
+    if num_token_padding is not None:
+        shape = (max(shape[0], num_token_padding), shape[1])
+    return torch.empty(shape, dtype=torch.uint8, device=x.device)
+
+
+if SUPPORTED:
+    from vllm_ir_provider_triton.kernels.quant import dynamic_quant_fp8_out, group_quant_fp8_out, static_quant_fp8_out
+
+    @vllm_ir.ops.static_quant_fp8.register_impl(PROVIDER, supports_args=static_supports, batch_invariant=True)
+    def static_quant_fp8(
+        x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
+    ) -> Tensor:
+        q = _q_bytes(x, num_token_padding)
+        scale2d, group_r, group_c = scale_plan(x, scale)
+        static_quant_fp8_out(q, x, scale2d, group_r, group_c, fp8_dtype)
+        return q.view(fp8_dtype)
+
+    @vllm_ir.ops.dynamic_quant_fp8.register_impl(PROVIDER, supports_args=dynamic_supports, batch_invariant=True)
+    def dynamic_quant_fp8(
+        x: Tensor,
+        per_token: bool,
+        fp8_dtype: torch.dtype,
+        scale_ub: Tensor | None = None,
+        num_token_padding: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        q = _q_bytes(x, num_token_padding)
+        shape = (*x.shape[:-1], 1) if per_token else (1,)
+        scale = torch.empty(shape, dtype=torch.float32, device=x.device)
+        dynamic_quant_fp8_out(q, scale, x, scale_ub, per_token, fp8_dtype)
+        return q.view(fp8_dtype), scale
+
+    @vllm_ir.ops.dynamic_group_quant_fp8.register_impl(PROVIDER, supports_args=group_supports, batch_invariant=True)
+    def dynamic_group_quant_fp8(
+        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        if not 1 <= group_size <= MAX_GROUP:
+            raise ValueError(
+                f"dynamic_group_quant_fp8 (provider triton): group_size must be in [1, {MAX_GROUP}], got {group_size}"
+            )
+        q = _q_bytes(x)
+        groups = -(-x.shape[-1] // group_size)
+        if column_major:  # the last two dimensions transposed in memory: strides (1, M) for 2-D x
+            scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
+            scales = scales.transpose(-2, -1)
+        else:
+            scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+        group_quant_fp8_out(q, scales, x, group_size, use_ue8m0, fp8_dtype)
+        return q.view(fp8_dtype), scales
+
+else:
+    for _op in (vllm_ir.ops.static_quant_fp8, vllm_ir.ops.dynamic_quant_fp8, vllm_ir.ops.dynamic_group_quant_fp8):
+        _op.register_unsupported(PROVIDER, SUPPORTED)

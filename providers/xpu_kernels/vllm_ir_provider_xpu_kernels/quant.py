@@ -1,0 +1,223 @@
+"""vllm-xpu-kernels' FP8 quantization: ``static_quant_fp8``, ``dynamic_quant_fp8`` and
+``dynamic_group_quant_fp8``.
+
+``import vllm_xpu_kernels._C`` registers (``csrc/torch_bindings.cpp`` and
+``csrc/quantization/fp8/fp8_quant.cpp``, checked against the 2026 tree), each writing
+caller-allocated buffers:
+
+- ``static_scaled_fp8_quant(result, input, scale, group_shape=None)``: one scale, or (releases
+  with ``group_shape``) a 1-D scale with an explicit group shape ``(-1, 1)`` per channel /
+  ``(1, -1)`` per token, or a 2-D scale whose blocks it infers. Older releases take
+  ``(result, input, scale)`` and one scale only.
+- ``dynamic_scaled_fp8_quant(result, input, scale)``: per tensor, ``scale = absmax / 448``
+  (no floor, no ``scale_ub``).
+- ``dynamic_per_token_scaled_fp8_quant(result, input, scale, scale_ub)``: per token,
+  ``max(min(absmax, scale_ub) / 448, 1 / (448 * 512))``, as the op.
+- ``per_token_group_fp8_quant(input, output_q, output_s, group_size, eps, fp8_min, fp8_max,
+  scale_ue8m0)``: groups taken over the flat input (so the row length must be a multiple of
+  the group size), ``output_s`` 2-D, column-major when ``stride(0) < stride(1)``; the floor
+  is the op's, UE8M0 rounds ``exp2(ceil(log2(s)))`` after the floor (the op floors after
+  rounding: the two differ only below the floor, where the kit does not compare scales).
+
+The kernels quantize to ``float8_e4m3fn`` (and e5m2) with the dtype's max, 448: the op's
+``float8_e4m3fnuz`` (clamped to 224) is declined. They multiply by ``1 / scale`` and clamp
+with ``fmin``/``fmax`` (a NaN input becomes +448, native keeps NaN). The per-tensor scale has
+no floor: below ``1 / 512`` absmax it is smaller than native's (the kit compares scales only
+above the floor; q dequantizes to x either way), an all-zero x gets scale 0 and q = 448.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir_provider_xpu_kernels import PROVIDER, SUPPORTED, _on_xpu, _vendor_ops
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_MAX = 448.0
+
+
+def _rows_stride(x: Tensor) -> int | None:
+    """The row stride of ``x`` seen as ``[-1, x.shape[-1]]`` (None if its rows have no single
+    stride). The vendor reads row t at ``t * input.stride(-2)``."""
+    if x.dim() < 2 or x.stride(-1) != 1:
+        return None
+    expected = x.stride(-2) * x.shape[-2]
+    for d in range(x.dim() - 3, -1, -1):
+        if x.stride(d) != expected:
+            return None
+        expected *= x.shape[d]
+    return x.stride(-2)
+
+
+def common_rules(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> bool | vllm_ir.Unsupported:
+    """Rules shared by the three ops, independent of the device (unit-tested on CPU tensors)."""
+    if fp8_dtype != torch.float8_e4m3fn:
+        return vllm_ir.Unsupported(
+            f"fp8_dtype {fp8_dtype}: vllm-xpu-kernels quantizes to float8_e4m3fn (the op's e4m3fnuz clamps to 224)"
+        )
+    if x.dtype not in DTYPES:
+        return vllm_ir.Unsupported(f"vllm-xpu-kernels' fp8 quantization takes float32/float16/bfloat16, not {x.dtype}")
+    if x.dim() < 2:
+        return vllm_ir.Unsupported(f"x is {x.dim()}-D (the kernels read rows at input.stride(-2))")
+    if x.shape[-1] == 0:
+        return vllm_ir.Unsupported("last dimension is 0 (the kernels divide by the row length)")
+    if num_token_padding is not None and x.dim() != 2:
+        return vllm_ir.Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
+    return True
+
+
+def _has_group_shape() -> bool:
+    schema = _vendor_ops().static_scaled_fp8_quant.default._schema
+    return any(a.name == "group_shape" for a in schema.arguments)
+
+
+def static_rules(
+    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
+) -> bool | vllm_ir.Unsupported:
+    verdict = common_rules(x, fp8_dtype, num_token_padding)
+    if not verdict:
+        return verdict
+    if _rows_stride(x) is None:
+        return vllm_ir.Unsupported("x's rows have no single stride (the kernel reads row t at t * input.stride(-2))")
+    if scale.dtype != torch.float32 or scale.device != x.device:
+        return vllm_ir.Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
+    if scale.dim() > 2:
+        return vllm_ir.Unsupported(f"scale is {scale.dim()}-D (the kernel takes 0-D, 1-D or 2-D scales)")
+    if scale.dim() == 2 and x.dim() != 2:
+        return vllm_ir.Unsupported(f"a 2-D scale with a {x.dim()}-D x (blocks of a 2-D x only)")
+    return True
+
+
+def _static_group_shape(x: Tensor, scale: Tensor) -> tuple[int, int] | None:
+    """The vendor's ``group_shape`` for a 1-D scale (the op: length K per channel, else per token)."""
+    if scale.dim() == 1 and scale.numel() != 1:
+        return (-1, 1) if scale.shape[0] == x.shape[-1] else (1, -1)
+    return None
+
+
+def static_supports(
+    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
+) -> bool | vllm_ir.Unsupported:
+    verdict = _on_xpu(x) and static_rules(x, scale, fp8_dtype, num_token_padding)
+    if verdict and scale.numel() != 1 and not _has_group_shape():
+        return vllm_ir.Unsupported(
+            "this vllm-xpu-kernels' static_scaled_fp8_quant has no group_shape (one scale only): upgrade it"
+        )
+    return verdict
+
+
+def dynamic_rules(
+    x: Tensor, per_token: bool, fp8_dtype: torch.dtype, scale_ub: Tensor | None, num_token_padding: int | None
+) -> bool | vllm_ir.Unsupported:
+    verdict = common_rules(x, fp8_dtype, num_token_padding)
+    if not verdict:
+        return verdict
+    if per_token and not x.is_contiguous():
+        return vllm_ir.Unsupported("x must be contiguous (dynamic_per_token_scaled_fp8_quant checks it)")
+    if not per_token and _rows_stride(x) is None:
+        return vllm_ir.Unsupported("x's rows have no single stride (the kernel reads row t at t * input.stride(-2))")
+    if scale_ub is not None:
+        if not per_token:
+            return vllm_ir.Unsupported("scale_ub with per-tensor scales (dynamic_scaled_fp8_quant takes none)")
+        if scale_ub.dtype != torch.float32 or scale_ub.numel() != 1 or scale_ub.device != x.device:
+            return vllm_ir.Unsupported("scale_ub must be one float32 element on x's device")
+    return True
+
+
+def dynamic_supports(
+    x: Tensor,
+    per_token: bool,
+    fp8_dtype: torch.dtype,
+    scale_ub: Tensor | None = None,
+    num_token_padding: int | None = None,
+) -> bool | vllm_ir.Unsupported:
+    return _on_xpu(x) and dynamic_rules(x, per_token, fp8_dtype, scale_ub, num_token_padding)
+
+
+def group_rules(x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
+    verdict = common_rules(x, fp8_dtype, None)
+    if not verdict:
+        return verdict
+    if group_size < 1 or x.shape[-1] % group_size:
+        return vllm_ir.Unsupported(
+            f"last dimension {x.shape[-1]} is not a multiple of group_size {group_size} "
+            "(the kernel takes groups over the flat input)"
+        )
+    if not x.is_contiguous():
+        return vllm_ir.Unsupported("x must be contiguous (per_token_group_fp8_quant checks it)")
+    if column_major and x.dim() != 2:
+        return vllm_ir.Unsupported(f"column_major scales of a {x.dim()}-D x (the kernel takes 2-D scales)")
+    return True
+
+
+def group_supports(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> bool | vllm_ir.Unsupported:
+    return _on_xpu(x) and group_rules(x, group_size, column_major, fp8_dtype)
+
+
+def _q(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> tuple[Tensor, Tensor]:
+    """(q, the view of its first ``x.shape[0]`` rows the vendor writes): pad rows stay unwritten."""
+    shape = tuple(x.shape)
+    if num_token_padding is not None and num_token_padding > shape[0]:
+        q = torch.empty((num_token_padding, shape[1]), dtype=fp8_dtype, device=x.device)
+        return q, q[: shape[0]]
+    q = torch.empty(shape, dtype=fp8_dtype, device=x.device)
+    return q, q
+
+
+_register = {"provider": PROVIDER, "supported": SUPPORTED}
+
+
+@vllm_ir.ops.static_quant_fp8.register_impl(**_register, supports_args=static_supports)
+def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
+    q, rows = _q(x, fp8_dtype, num_token_padding)
+    if rows.numel() == 0:  # the launch math divides by the row length
+        return q
+    group_shape = _static_group_shape(x, scale)
+    if group_shape is None:  # one scale, or a 2-D scale whose blocks the kernel infers
+        _vendor_ops().static_scaled_fp8_quant(rows, x, scale)
+    else:
+        _vendor_ops().static_scaled_fp8_quant(rows, x, scale, group_shape)
+    return q
+
+
+@vllm_ir.ops.dynamic_quant_fp8.register_impl(**_register, supports_args=dynamic_supports)
+def dynamic_quant_fp8(
+    x: Tensor,
+    per_token: bool,
+    fp8_dtype: torch.dtype,
+    scale_ub: Tensor | None = None,
+    num_token_padding: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    q, rows = _q(x, fp8_dtype, num_token_padding)
+    if per_token:
+        scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+        if rows.numel():
+            _vendor_ops().dynamic_per_token_scaled_fp8_quant(rows, x, scale, scale_ub)
+        return q, scale
+    if rows.numel() == 0:  # no launch: the op's scale of an empty x is the floor
+        return q, torch.full((1,), 1.0 / (FP8_MAX * 512.0), dtype=torch.float32, device=x.device)
+    scale = torch.empty((1,), dtype=torch.float32, device=x.device)
+    _vendor_ops().dynamic_scaled_fp8_quant(rows, x, scale)
+    return q, scale
+
+
+@vllm_ir.ops.dynamic_group_quant_fp8.register_impl(**_register, supports_args=group_supports)
+def dynamic_group_quant_fp8(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    q = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    groups = x.shape[-1] // group_size
+    rows = x.numel() // x.shape[-1]
+    if column_major:  # [M, G] with strides (1, M), as the op (2-D x only)
+        scales = torch.empty((groups, rows), dtype=torch.float32, device=x.device).t()
+        flat = scales
+    else:
+        scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+        flat = scales.view(rows, groups)
+    if x.numel():
+        _vendor_ops().per_token_group_fp8_quant(x, q, flat, group_size, 1e-10, -FP8_MAX, FP8_MAX, use_ue8m0)
+    return q, scales

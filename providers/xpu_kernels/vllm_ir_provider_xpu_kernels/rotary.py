@@ -1,0 +1,124 @@
+"""vllm-xpu-kernels' rotary embedding, in place.
+
+``import vllm_xpu_kernels._C`` registers (``csrc/torch_bindings.cpp``, ``csrc/pos_encoding_kernels.cpp``,
+checked against the 2026 tree) ``torch.ops._C.rotary_embedding(positions, query, key, head_size,
+cos_sin_cache, is_neox)``: vLLM's kernel, rotating ``query`` and ``key`` (or None) where they
+are. It reads the rotary width from ``cos_sin_cache.size(1)`` (partial rotary works), token t of
+``query`` at ``t * query.stride(0)`` and head h at ``h * head_stride``, where ``head_stride`` is
+``query.stride(-2)`` for a ``[T, heads, head_size]`` query, else ``head_size`` -- for the key
+too, so the key must have the query's head stride. Products and sums are computed in x's dtype
+(the op's rounding points). Positions are read as int64, the cache as x's dtype, contiguous.
+
+The wrapper passes ``positions`` flattened and query/key as ``[T, heads, head_size]`` views
+(no copy; sliced and row-strided layouts keep their strides), and is registered in place.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir_provider_xpu_kernels import PROVIDER, SUPPORTED, _on_xpu, _vendor_ops
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _heads(x: Tensor, token_dims: int, head_size: int) -> Tensor | None:
+    """``x`` (``token_dims`` leading token dimensions) as a ``[T, heads, head_size]`` view sharing
+    its memory with a unit channel stride, or None where no such view exists."""
+    if x.dim() <= token_dims or head_size <= 0:
+        return None
+    try:
+        rows = x.view(-1, *x.shape[token_dims:]) if x.numel() else x.reshape(-1, *x.shape[token_dims:])
+        view = rows.view(rows.shape[0], -1, head_size)
+    except RuntimeError:
+        return None
+    return view if view.stride(-1) == 1 or head_size == 1 else None
+
+
+def _views(
+    positions: Tensor, query: Tensor, key: Tensor | None, head_size: int
+) -> tuple[Tensor, Tensor | None] | vllm_ir.Unsupported:
+    """The views the kernel gets, or why there are none."""
+    q = _heads(query, max(positions.dim(), 1), head_size)
+    if q is None:
+        return vllm_ir.Unsupported(
+            "query is not a [tokens, heads, head_size] view with a unit channel stride (the kernel writes in place)"
+        )
+    if key is None:
+        return q, None
+    k = _heads(key, max(positions.dim(), 1), head_size)
+    if k is None:
+        return vllm_ir.Unsupported(
+            "key is not a [tokens, heads, head_size] view with a unit channel stride (the kernel writes in place)"
+        )
+    if k.shape[1] > 1 and k.stride(1) != q.stride(1):
+        return vllm_ir.Unsupported(
+            f"key's head stride {k.stride(1)} differs from query's {q.stride(1)} (the kernel uses query's for both)"
+        )
+    return q, k
+
+
+def rules(
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor | None,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    rotary_dim: int | None,
+) -> bool | vllm_ir.Unsupported:
+    """The kernel's argument rules, independent of the device (unit-tested on CPU tensors)."""
+    if query.dtype not in DTYPES:
+        return vllm_ir.Unsupported(
+            f"vllm-xpu-kernels' rotary_embedding takes float32/float16/bfloat16, not {query.dtype}"
+        )
+    if positions.dtype != torch.int64:
+        return vllm_ir.Unsupported(f"positions are {positions.dtype} (the kernel reads int64)")
+    if cos_sin_cache.dtype != query.dtype:
+        return vllm_ir.Unsupported(f"cos_sin_cache is {cos_sin_cache.dtype}, query {query.dtype} (one dtype)")
+    if cos_sin_cache.dim() != 2 or not cos_sin_cache.is_contiguous():
+        return vllm_ir.Unsupported("cos_sin_cache must be a contiguous [max_position, rotary_dim] tensor")
+    rot = cos_sin_cache.shape[1]
+    if (rotary_dim is not None and rotary_dim != rot) or rot % 2 or rot > head_size or head_size <= 0:
+        return vllm_ir.Unsupported(
+            f"rotary_dim {rotary_dim} / cache width {rot} / head_size {head_size} (the kernel rotates the cache's "
+            "width, which must be even and at most head_size; native raises)"
+        )
+    if key is not None and key.dtype != query.dtype:
+        return vllm_ir.Unsupported(f"key is {key.dtype}, query {query.dtype}")
+    views = _views(positions, query, key, head_size)
+    return views if isinstance(views, vllm_ir.Unsupported) else True
+
+
+def rotary_embedding_supports(
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor | None,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    is_neox_style: bool,
+    rotary_dim: int | None = None,
+) -> bool | vllm_ir.Unsupported:
+    return _on_xpu(query) and rules(positions, query, key, head_size, cos_sin_cache, rotary_dim)
+
+
+@vllm_ir.ops.rotary_embedding.register_impl(
+    PROVIDER, supported=SUPPORTED, supports_args=rotary_embedding_supports, inplace=True
+)
+def rotary_embedding(
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor | None,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    is_neox_style: bool,
+    rotary_dim: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    views = _views(positions, query, key, head_size)
+    if isinstance(views, vllm_ir.Unsupported):
+        raise ValueError(f"rotary_embedding (provider xpu_kernels): {views.reason}")
+    q, k = views
+    if q.shape[0]:
+        _vendor_ops().rotary_embedding(positions.reshape(-1), q, k, head_size, cos_sin_cache, is_neox_style)
+    return query, key
