@@ -67,9 +67,14 @@ def per_call(samples: int, inner: int) -> list[dict[str, float]]:
             assert op.dispatch(x, w, 1e-6) is impl
             torch.testing.assert_close(op(x, w, 1e-6), op.impls["native"].impl_fn(x, w, 1e-6))
             kernel = impl.impl_fn
-            result = timing.paired_overhead(
-                lambda: kernel(x, w, 1e-6), lambda: op(x, w, 1e-6), samples=samples, inner=inner
-            )
+
+            def direct(kernel=kernel, x=x, w=w):
+                return kernel(x, w, 1e-6)
+
+            def dispatched(x=x, w=w):
+                return op(x, w, 1e-6)
+
+            result = timing.paired_overhead(direct, dispatched, samples=samples, inner=inner)
         rows.append({"tokens": tokens, "dispatch overhead us": result.median_us})
     return rows
 
