@@ -168,6 +168,12 @@ for name in ("rms_norm", "fused_add_rms_norm"):
             a, b = op.impls["native"].impl_fn(*variant), getattr(vllm_ir.ops, name).fn(*variant)
             same.append(all(torch.equal(u, v) for u, v in zip(as_tuple(a), as_tuple(b))))
 out["natives_equal"] = same
+# vllm-ir's own ops keep working beside vLLM's, from their own torch namespace.
+x, w, eps = IrOp.registry["rms_norm"].generate_inputs(num_tokens=3, hidden_size=64, dtype=torch.float32)
+with vllm_ir.priority(rms_norm=["vllm_c"]):
+    ours = [vllm_ir.ops.rms_norm.dispatch(x, w, eps).provider,
+            torch.allclose(vllm_ir.ops.rms_norm(x, w, eps), torch.ops.vllm_ir_core.rms_norm(x, w, eps), atol=1e-6)]
+out["ours"] = ours + [torch.equal(torch.ops.vllm_ir.rms_norm(x, w, eps), IrOp.registry["rms_norm"](x, w, eps))]
 for name in ("rms_norm", "fused_add_rms_norm"):
     op = IrOp.registry[name]
     out["impls"][name] = {p: [i.supported, i.inplace] for p, i in op.impls.items()}
@@ -232,6 +238,7 @@ def test_vllm_plugin_loader_activates_the_bridge_and_our_kernels_match_vllm_nati
     assert "gelu_and_mul_sparse" in state["skipped"]
     assert out["priority_after_load"] == {"rms_norm": [], "fused_add_rms_norm": [], "gelu_and_mul_sparse": []}
     assert out["natives_equal"] == [True] * 18
+    assert out["ours"] == ["vllm_c", True, True]
     assert len(out["cases"]) == 2 * (2 * 3 * 2 + 2)
     for name, provider, dtype, tokens, chosen, ok, calls in out["cases"]:
         case = (name, provider, dtype, tokens)
@@ -388,3 +395,18 @@ def test_bridged_names_are_valid_vllm_provider_names():
     names = vllm_bridge.planned()["rms_norm"]
     assert "vllm_ir_vllm_c" in names
     assert all(re.fullmatch(r"[a-z_][a-z0-9_]*", n) for n in names)
+
+
+@pytest.mark.parametrize(
+    ("files", "namespace"),
+    [({"vllm/ir/op.py", "vllm/__init__.py"}, "vllm_ir_core"), ({"vllm/__init__.py"}, "vllm_ir"), (set(), "vllm_ir")],
+)
+def test_torch_namespace_moves_aside_only_where_vllm_ir_is_installed(tmp_path, monkeypatch, files, namespace):
+    from vllm_ir.ir import torch_library
+
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert torch_library.choose_namespace() == namespace
+    assert "vllm" not in sys.modules  # found, not imported
