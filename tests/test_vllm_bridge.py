@@ -209,8 +209,10 @@ out["inplace"] = [y.data_ptr() == x.data_ptr(), res.data_ptr() == r.data_ptr(),
 # Mixed weight dtype: vLLM casts to x's dtype, vllm-ir promotes: declined, with the reason logged.
 op = IrOp.registry["rms_norm"]
 x, w, eps = op.generate_inputs(num_tokens=2, hidden_size=64, dtype=torch.bfloat16)
-with op.set_priority(["vllm_ir_vllm_c", "native"]):
-    out["mixed"] = op.dispatch(x, w.float(), eps).provider
+out["mixed"] = []
+for provider in CPU_PROVIDERS:
+    with op.set_priority([provider, "native"]):
+        out["mixed"].append(op.dispatch(x, w.float(), eps).provider)
 with op.set_priority(["vllm_ir_aiter", "native"]):  # unsupported here: dropped by vLLM's own filter
     out["unsupported_priority"] = op.get_priority()
 out["records"] = {r.name: [r.status.value, r.reason] for r in vllm_ir.provider_records()}
@@ -250,8 +252,10 @@ def test_vllm_plugin_loader_activates_the_bridge_and_our_kernels_match_vllm_nati
         if name == "fused_add_rms_norm" and ours == "vllm_c":
             assert calls == [[name, ours, "inplace_fn"]], calls  # functional call: vLLM cloned, then in place
     assert out["inplace"] == [True, True, True]
-    assert out["mixed"] == "native"
-    assert any("declines" in msg and "weight dtype" in msg for _, level, msg in out["logs"] if level == "DEBUG")
+    assert out["mixed"] == ["native"] * len(CPU_PROVIDERS)
+    declined = [msg for _, level, msg in out["logs"] if level == "DEBUG" and "declines" in msg]
+    for provider in CPU_PROVIDERS:
+        assert any(f"{provider} declines: weight dtype torch.float32 differs" in m for m in declined), declined
     assert out["unsupported_priority"] == ["native"]
     assert any("not supported here" in msg for _, level, msg in out["logs"] if level == "DEBUG")
     broken = out["records"]["broken"]
