@@ -61,7 +61,8 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
     import vllm_ir
 
     records = vllm_ir.provider_records()
-    payload = {"providers": [r.to_json() for r in records]}
+    bridge = _vllm_bridge()
+    payload = {"providers": [r.to_json() for r in records], "vllm_bridge": bridge}
     rows = []
     for r in records:
         declared = [f"declares {', '.join(r.ops)}"] if r.ops else []
@@ -73,8 +74,28 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
         if rows
         else ("no providers installed (entry point group vllm_ir.providers)")
     )
-    _emit(args, payload, text)
+    _emit(args, payload, text + "\n" + _describe_bridge(bridge))
     return 0
+
+
+def _vllm_bridge() -> dict[str, Any]:
+    """The vLLM bridge's status (`vllm_ir.vllm_bridge.describe`); never fails the command."""
+    try:
+        from vllm_ir import vllm_bridge
+
+        return vllm_bridge.describe()
+    except Exception as exc:
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "vllm_version": None, "registered": {}}
+
+
+def _describe_bridge(bridge: dict[str, Any]) -> str:
+    found = f"vLLM {bridge['vllm_version']}" if bridge.get("vllm_version") else "no vLLM"
+    line = f"vLLM bridge: {bridge['status']} ({found}; tested {bridge.get('tested_range', '?')})"
+    if bridge.get("reason"):
+        line += f": {bridge['reason']}"
+    for op_name, names in (bridge.get("registered") or {}).items():
+        line += f"\n  vllm.ir.ops.{op_name}: {', '.join(names)}"
+    return line
 
 
 def _op_json(op: Any) -> dict[str, Any]:
@@ -447,6 +468,18 @@ def _doctor_report() -> dict[str, Any]:
             problems.append(
                 {"provider": None, "setting": f.setting, "status": "bad setting", "reason": f.message, "fix": f.fix}
             )
+    bridge = _vllm_bridge()
+    if bridge["status"] in ("refused", "failed", "error"):
+        problems.append(
+            {
+                "provider": None,
+                "setting": "vllm_bridge",
+                "status": f"vLLM bridge {bridge['status']}",
+                "reason": bridge["reason"],
+                "fix": f"install a vLLM in {bridge.get('tested_range')} or a vllm-ir release made for "
+                f"vLLM {bridge['vllm_version']}",
+            }
+        )
     site = config.current()
     return {
         "vllm_ir": vllm_ir.__version__,
@@ -465,6 +498,7 @@ def _doctor_report() -> dict[str, Any]:
         "settings": {name: os.environ[name] for name in sorted(env.VARIABLES) if name in os.environ},
         "config": site.path,
         "providers": {r.name: r.status.value for r in records},
+        "vllm_bridge": bridge,
         "problems": problems,
         "not_for_this_machine": elsewhere,
     }
@@ -541,6 +575,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if report["settings"]:
         lines.append("settings: " + " ".join(f"{k}={v!r}" for k, v in report["settings"].items()))
     lines.append("providers: " + (", ".join(f"{n} ({s})" for n, s in report["providers"].items()) or "none"))
+    lines.append(_describe_bridge(report["vllm_bridge"]))
 
     def who(entry: dict[str, Any]) -> str:  # a setting's message starts with the setting's name
         return f"  {entry['provider']}: {entry['status']}: " if entry["provider"] else f"  {entry['status']}: "

@@ -362,7 +362,7 @@ class IrOp:
 
     @property
     def torch_op(self) -> torch._ops.OpOverloadPacket:
-        return getattr(torch.ops.vllm_ir, self.name)
+        return getattr(getattr(torch.ops, torch_library.NAMESPACE), self.name)
 
     def _bind(self, args: Sequence[Any]) -> tuple[Any, ...]:
         bound = self.signature.bind(*args)

@@ -1,4 +1,4 @@
-"""Defining IR ops in the ``vllm_ir`` torch library namespace.
+"""Defining IR ops in the ``vllm_ir`` torch library namespace (``vllm_ir_core`` beside vLLM, see NAMESPACE).
 
 Each op gets its own `torch.library.Library` fragment so a refused registration can be
 undone completely. The kernel is registered for ``CompositeExplicitAutograd`` (AOTAutograd
@@ -25,12 +25,40 @@ from vllm_ir.errors import RegistrationError
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
 
-NAMESPACE = "vllm_ir"
+#: The namespace vllm-ir's ops are defined in: ``vllm_ir``, unless vLLM's own IR is installed.
+DEFAULT_NAMESPACE = "vllm_ir"
+#: vLLM's IR (``vllm.ir``, vLLM >= 0.33) defines ``vllm_ir::rms_norm`` and friends itself: two
+#: definitions of one torch operator cannot share a process, and whichever module is imported
+#: second would fail. With vLLM installed, vllm-ir's ops move here (torch.ops.vllm_ir_core.*)
+#: so that both, and the bridge that registers our kernels with vLLM, work in one process.
+VLLM_COEXISTING_NAMESPACE = "vllm_ir_core"
 MAYBE_INPLACE = "maybe_inplace"
 
 
+def _vllm_ir_installed() -> bool:
+    """Whether an importable ``vllm`` package carries ``vllm/ir/op.py``, without importing it."""
+    import importlib.util
+    import os
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return False
+    locations = (spec.submodule_search_locations or []) if spec is not None else []
+    return any(os.path.isfile(os.path.join(loc, "ir", "op.py")) for loc in locations)
+
+
+def choose_namespace() -> str:
+    """``vllm_ir``, or `VLLM_COEXISTING_NAMESPACE` where vLLM's IR could be imported too."""
+    return VLLM_COEXISTING_NAMESPACE if _vllm_ir_installed() else DEFAULT_NAMESPACE
+
+
+#: Decided once, at import: every op of the process lives in one namespace.
+NAMESPACE = choose_namespace()
+
+
 def define(op: IrOp, run_functional: Callable[..., Any]) -> torch.library.Library:
-    """Define ``vllm_ir::<op>`` (and ``.maybe_inplace``); undo everything on failure."""
+    """Define ``<NAMESPACE>::<op>`` (and ``.maybe_inplace``); undo everything on failure."""
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     overloads = [op.name] + ([f"{op.name}.{MAYBE_INPLACE}"] if op.allow_inplace else [])
     try:
