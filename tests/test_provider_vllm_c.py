@@ -74,6 +74,7 @@ def test_default_priority_puts_vllm_c_first_in_eager_mode_only():
         "fused_add_rms_norm": ["vllm_c"],
         **{a: ["vllm_c"] for a in activations},
         **{op: ["vllm_c"] for op in quant},
+        "rotary_embedding": ["vllm_c"],
     }
     # The core's CUDA and ROCm platforms name no provider: vllm_c states its place itself,
     # for the ops it has measured CUDA kernels of (the activations' CUDA kernels are not
@@ -571,7 +572,7 @@ def test_a_new_op_is_new_files_only(tmp_path):
     """
     root = tmp_path / "vllm_c"
     skip = shutil.ignore_patterns(
-        "layernorm.*", "activation.*", "quant.*", "_C*.so", "_build_info.py", "build", "*.egg-info", "__pycache__"
+        "layernorm.*", "activation.*", "quant.*", "rotary.*", "_C*.so", "_build_info.py", "build", "*.egg-info", "__pycache__"
     )
     shutil.copytree(PACKAGE_ROOT, root, ignore=skip)
     (root / "csrc" / "cpu" / "toy_scale.cpp").write_text(_TOY_CPP)

@@ -157,7 +157,7 @@ def _generate(
 
 rotary_embedding.input_generator(_generate)
 rotary_embedding.add_input_variant("gptj", is_neox_style=False)
-rotary_embedding.add_input_variant("partial", partial=True)
+rotary_embedding.add_input_variant("partial", partial=True, benchmark=True)
 rotary_embedding.add_input_variant("gptj_partial", is_neox_style=False, partial=True)
 rotary_embedding.add_input_variant("no_key", with_key=False)
 rotary_embedding.add_input_variant("heads_3d", layout="heads")
