@@ -2,9 +2,10 @@
 
 Runs under the reference environment that ``scripts/setup_vllm_reference.sh`` creates (the
 same torch 2.13.0 CPU build, ``vllm==0.33.0`` installed without its dependencies, plus the
-few pure-Python packages ``import vllm.ir`` needs), never under .venv: vLLM's IR library and
-vllm_ir both define the torch library namespace ``vllm_ir``, so the two cannot share a
-process. ``benchmarks/dispatch_overhead.py`` runs this script in fresh processes alternating
+few pure-Python packages ``import vllm.ir`` needs), never under .venv, and without vllm_ir:
+each side is measured in a process of its own (beside vLLM, vllm_ir moves its ops to the
+``vllm_ir_core`` namespace; see README, "Using vllm-ir providers from vLLM").
+``benchmarks/dispatch_overhead.py`` runs this script in fresh processes alternating
 with its own and prints the figures side by side.
 
 The cases are dispatch_overhead.py's: ``vllm.ir.ops.rms_norm`` at [1, 4096] and [16, 4096]
