@@ -572,7 +572,15 @@ def test_a_new_op_is_new_files_only(tmp_path):
     """
     root = tmp_path / "vllm_c"
     skip = shutil.ignore_patterns(
-        "layernorm.*", "activation.*", "quant.*", "rotary.*", "_C*.so", "_build_info.py", "build", "*.egg-info", "__pycache__"
+        "layernorm.*",
+        "activation.*",
+        "quant.*",
+        "rotary.*",
+        "_C*.so",
+        "_build_info.py",
+        "build",
+        "*.egg-info",
+        "__pycache__",
     )
     shutil.copytree(PACKAGE_ROOT, root, ignore=skip)
     (root / "csrc" / "cpu" / "toy_scale.cpp").write_text(_TOY_CPP)
