@@ -94,7 +94,7 @@ def _row(t: int, args: argparse.Namespace, c: object, fp8: torch.dtype, ops: obj
             fn()  # compile outside the timing
     with vllm_ir.priority(static_quant_fp8=["vllm_c"]):
         calls["op"] = lambda: ops.static_quant_fp8(x, scale, fp8)
-        repeats = max(5, min(200, 2_000_000 // max(t * args.hidden, 1)))
+        repeats = max(25, min(200, 2_000_000 // max(t * args.hidden, 1)))
         best: dict[str, float] = {}
         for _ in range(args.rounds):
             for name, fn in calls.items():

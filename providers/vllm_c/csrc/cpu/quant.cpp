@@ -78,11 +78,45 @@ iVec encode(const fVec& v, const fVec& bound) {
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// encode() in AVX512 intrinsics, with what at::vec does not expose: compare masks, masked moves
+// and a ternary-logic merge of the sign (about a quarter fewer instructions per vector).
+template <Fp8Format kFormat>
+__m128i encode_bytes(const __m512 v, const __m512 bound) {
+  using E = Fp8Encoding<kFormat>;
+  // max(a, b) and min(a, b) return b when either is NaN: NaN lanes stay NaN, with their sign.
+  const __m512 clamped = _mm512_min_ps(bound, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), bound), v));
+  const __m512i bits = _mm512_castps_si512(clamped);
+  const __m512i mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7F800000));
+  const __m512i c = _mm512_add_epi32(
+      _mm512_max_epi32(_mm512_and_si512(mag, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(E::kMinNormal)),
+      _mm512_set1_epi32(E::kShift));
+  const __m512i sum = _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(mag), _mm512_castsi512_ps(c)));
+  __m512i code = _mm512_add_epi32(_mm512_sub_epi32(sum, c),
+                                  _mm512_sub_epi32(_mm512_srli_epi32(c, 20), _mm512_set1_epi32(E::kOffset)));
+  const __m512i high = _mm512_srli_epi32(bits, 24);  // the sign at bit 7
+  const __m512i sign_bit = _mm512_set1_epi32(0x80);
+  if constexpr (kFormat == Fp8Format::E4M3FNUZ) {
+    const __mmask16 zero = _mm512_cmpeq_epi32_mask(code, _mm512_setzero_si512());
+    code = _mm512_ternarylogic_epi32(code, high, sign_bit, 0xF8);  // code | (high & 0x80)
+    code = _mm512_mask_mov_epi32(code, zero, _mm512_setzero_si512());
+    code = _mm512_mask_mov_epi32(code, nan, sign_bit);
+  } else {
+    code = _mm512_mask_mov_epi32(code, nan, _mm512_set1_epi32(0x7F));
+    code = _mm512_ternarylogic_epi32(code, high, sign_bit, 0xF8);
+  }
+  return _mm512_cvtepi32_epi8(code);
+}
+
+template <Fp8Format kFormat>
+void encode_store(const fVec& v, const fVec& bound, uint8_t* dst) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), encode_bytes<kFormat>(v, bound));
+}
+#else
 // Narrows codes (0..255 in int32 lanes) to bytes at dst.
 void store_bytes(const iVec& codes, uint8_t* dst) {
-#if defined(CPU_CAPABILITY_AVX512)
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(codes));
-#elif defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX2)
   const __m256i v = codes;
   const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(words, words));
@@ -94,6 +128,12 @@ void store_bytes(const iVec& codes, uint8_t* dst) {
   }
 #endif
 }
+
+template <Fp8Format kFormat>
+void encode_store(const fVec& v, const fVec& bound, uint8_t* dst) {
+  store_bytes(encode<kFormat>(v, bound), dst);
+}
+#endif
 
 // The magnitude bits of v: non-negative floats (NaN above inf) order like these integers, so
 // their integer maximum is the NaN-propagating float maximum, one instruction per vector.
@@ -157,7 +197,7 @@ void quantize_row(const T* src, uint8_t* out, int64_t n, float inv, const float*
   if constexpr (std::is_same_v<T, float>) {
     for (; i + fVec::size() <= n; i += fVec::size()) {
       const fVec s = inv_row ? fVec::loadu(inv_row + i) : vinv;
-      store_bytes(encode<kFormat>(fVec::loadu(src + i) * s, vbound), out + i);
+      encode_store<kFormat>(fVec::loadu(src + i) * s, vbound, out + i);
     }
   } else {
     using Vec = at::vec::Vectorized<T>;
@@ -165,8 +205,8 @@ void quantize_row(const T* src, uint8_t* out, int64_t n, float inv, const float*
       auto [a, b] = at::vec::convert_to_float<T>(Vec::loadu(src + i));
       const fVec sa = inv_row ? fVec::loadu(inv_row + i) : vinv;
       const fVec sb = inv_row ? fVec::loadu(inv_row + i + fVec::size()) : vinv;
-      store_bytes(encode<kFormat>(a * sa, vbound), out + i);
-      store_bytes(encode<kFormat>(b * sb, vbound), out + i + fVec::size());
+      encode_store<kFormat>(a * sa, vbound, out + i);
+      encode_store<kFormat>(b * sb, vbound, out + i + fVec::size());
     }
   }
   for (; i < n; ++i) {
