@@ -261,6 +261,40 @@ void run_static_quant(const char* op, at::Tensor& out, const at::Tensor& input, 
   kernel(args);
 }
 
+// out, scales <- group quant of input (groups of group_size along the last dimension).
+template <typename Kernel>
+void run_group_quant(const char* op, at::Tensor& out, at::Tensor& scales, const at::Tensor& input,
+                     int64_t group_size, bool use_ue8m0, Kernel&& kernel) {
+  check_quant_io(op, out, input);
+  check_float_scale(op, "scales", scales, input);
+  TORCH_CHECK(group_size >= 1, op, ": group_size must be >= 1, got ", group_size);
+  const int64_t hidden = input.size(-1);
+  auto expected = input.sizes().vec();
+  expected.back() = (hidden + group_size - 1) / group_size;
+  TORCH_CHECK(scales.sizes() == at::IntArrayRef(expected), op, ": scales has shape ", scales.sizes(), ", expected ",
+              at::IntArrayRef(expected));
+  at::assert_no_overlap(scales, out);
+  if (input.numel() == 0) {
+    return;
+  }
+  const at::Tensor x = staged(input);
+  GroupQuantArgs a{input.scalar_type(),
+                   fp8_format(op, out),
+                   static_cast<uint8_t*>(out.mutable_data_ptr()),
+                   x.const_data_ptr(),
+                   row_layout(x),
+                   input.numel() / hidden,
+                   hidden,
+                   group_size,
+                   use_ue8m0,
+                   scales.mutable_data_ptr<float>(),
+                   row_layout(scales),
+                   scales.stride(-1)};
+  TORCH_CHECK(a.scale_rows.row_stride >= 0 || a.scale_rows.batch_dims <= RowLayout::kMaxBatchDims, op,
+              ": scales layout not supported");
+  kernel(a);
+}
+
 inline const float* ub_or_null(const char* op, const std::optional<at::Tensor>& scale_ub, const at::Tensor& input) {
   if (!scale_ub.has_value()) {
     return nullptr;

@@ -235,37 +235,15 @@ void dynamic_quant_fp8_cuda(at::Tensor& out, at::Tensor& scale, const at::Tensor
 
 void dynamic_group_quant_fp8_cuda(at::Tensor& out, at::Tensor& scales, const at::Tensor& input, int64_t group_size,
                                   bool use_ue8m0) {
-  constexpr const char* op = "vllm_ir_c::dynamic_group_quant_fp8";
   const c10::cuda::CUDAGuard guard(input.device());
-  check_quant_io(op, out, input);
-  check_float_scale(op, "scales", scales, input);
-  TORCH_CHECK(group_size >= 1, op, ": group_size must be >= 1, got ", group_size);
-  const int64_t hidden = input.size(-1);
-  auto expected = input.sizes().vec();
-  expected.back() = (hidden + group_size - 1) / group_size;
-  TORCH_CHECK(scales.sizes() == at::IntArrayRef(expected), op, ": scales has shape ", scales.sizes(), ", expected ",
-              at::IntArrayRef(expected));
-  at::assert_no_overlap(scales, out);
-  if (input.numel() == 0) {
-    return;
-  }
-  const at::Tensor x = staged(input);
-  GroupQuantArgs a{input.scalar_type(),
-                   fp8_format(op, out),
-                   static_cast<uint8_t*>(out.mutable_data_ptr()),
-                   x.const_data_ptr(),
-                   row_layout(x),
-                   input.numel() / hidden,
-                   hidden,
-                   group_size,
-                   use_ue8m0,
-                   scales.mutable_data_ptr<float>(),
-                   row_layout(scales),
-                   scales.stride(-1)};
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  VLLM_IR_C_CUDA_QUANT_DISPATCH(a, "dynamic_group_quant_fp8",
-                                group_quant_kernel<F, scalar_t><<<a.rows, 8 * kWarp, 0, stream>>>(a));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  run_group_quant("vllm_ir_c::dynamic_group_quant_fp8", out, scales, input, group_size, use_ue8m0,
+                  [](const GroupQuantArgs& a) {
+                    const auto stream = c10::cuda::getCurrentCUDAStream();
+                    VLLM_IR_C_CUDA_QUANT_DISPATCH(
+                        a, "dynamic_group_quant_fp8",
+                        group_quant_kernel<F, scalar_t><<<a.rows, 8 * kWarp, 0, stream>>>(a));
+                    C10_CUDA_KERNEL_LAUNCH_CHECK();
+                  });
 }
 
 #undef VLLM_IR_C_CUDA_QUANT_DISPATCH
