@@ -17,10 +17,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import vllm_ir
-from tests.compile_models import compile_with_passes
+from tests.compile_models import compile_with_passes, passes_always_run
 from vllm_ir.ir.declarations.rotary import build_cos_sin_cache
 
 ops = vllm_ir.ops
+
+
+@pytest.fixture(autouse=True)
+def _passes_run_at_every_compile():
+    """The records asserted below exist only where the passes ran: no Inductor graph-cache hits."""
+    with passes_always_run():
+        yield
+
+
 #: The ops the decoder calls.
 MODEL_OPS = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul")
 

@@ -14,10 +14,19 @@ import torch
 from torch import Tensor, nn
 
 import vllm_ir
-from tests.compile_models import compile_with_passes
+from tests.compile_models import compile_with_passes, passes_always_run
 from vllm_ir.ir.declarations.rotary import build_cos_sin_cache
 
 ops = vllm_ir.ops
+
+
+@pytest.fixture(autouse=True)
+def _passes_run_at_every_compile():
+    """The records asserted below exist only where the passes ran: no Inductor graph-cache hits."""
+    with passes_always_run():
+        yield
+
+
 ROPE = ops.rotary_embedding
 
 if importlib.util.find_spec("vllm_ir_provider_vllm_c") is not None:
