@@ -121,14 +121,28 @@ class AddRmsNormFusion(IrFusion):
         return f"{add.name} + {norm.name} -> {fused.name}"
 
 
-def default_fusions() -> list[IrFusion]:
-    return [AddRmsNormFusion()]
+class GraphFusion(ABC):
+    """A fusion that walks the graph itself, so that it can report every candidate it rejects."""
+
+    #: Short name used in reports.
+    name: str
+
+    @abstractmethod
+    def apply(self, graph: fx.Graph, report: GraphReport | None) -> None:
+        """Rewrite ``graph``; add applied fusions to ``report.fusions`` and rejected
+        candidates, with the reason, to ``report.fusions_rejected``."""
+
+
+def default_fusions() -> list[IrFusion | GraphFusion]:
+    from vllm_ir.passes.quant_fusion import QuantFusion
+
+    return [AddRmsNormFusion(), QuantFusion()]
 
 
 class FusionPass(CustomGraphPass):
     """Run `IrFusion` rewrites over the IR ops of a post-grad graph."""
 
-    def __init__(self, fusions: Sequence[IrFusion] | None = None):
+    def __init__(self, fusions: Sequence[IrFusion | GraphFusion] | None = None):
         self.fusions = list(default_fusions() if fusions is None else fusions)
         self._matcher: PatternMatcherPass | None = None
         self._report: GraphReport | None = None
@@ -136,6 +150,8 @@ class FusionPass(CustomGraphPass):
     def _build(self) -> PatternMatcherPass:
         matcher = PatternMatcherPass(pass_name="vllm_ir_fusion")
         for fusion in self.fusions:
+            if not isinstance(fusion, IrFusion):
+                continue
 
             def handler(match: Match, *args: Any, _fusion: IrFusion = fusion, **kwargs: Any) -> None:
                 done = _fusion.rewrite(match, match.graph)
@@ -157,6 +173,9 @@ class FusionPass(CustomGraphPass):
         self._report = report
         try:
             self._matcher.apply(graph)
+            for fusion in self.fusions:
+                if isinstance(fusion, GraphFusion):
+                    fusion.apply(graph, report)
         finally:
             self._report = None
             for node in ir_nodes(graph):
