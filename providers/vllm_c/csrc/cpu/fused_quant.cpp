@@ -1,0 +1,258 @@
+// RMSNorm + FP8 quant on CPU, in one pass over each row's memory: rms_norm_static_fp8_quant,
+// fused_add_rms_norm_static_fp8_quant and rms_norm_dynamic_per_token_fp8_quant (with or
+// without residual, optional scale_ub) are one kernel with compile-time switches.
+//
+// Pass 1 sums the squares of the row (x, or x + residual in fp32; memory-bound). Pass 2
+// re-reads the row from L1, stores the new residual, normalizes, applies the weight and then
+// either encodes fp8 bytes straight from registers (static scale) or keeps y in a per-thread
+// fp32 row buffer while taking its absmax (dynamic); the dynamic pass 3 encodes from that
+// buffer. The unfused pair writes y to memory in the model dtype and reads it back; here y
+// never leaves the core.
+//
+// Building blocks are the norm and quant kernels' own (norm_vec.h, fp8_vec.h, float_vec.h),
+// so values match native rounding for rounding (see fused_quant.h).
+
+#include "../fused_quant.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "dispatch_stub.h"
+#include "float_vec.h"
+#include "fp8_vec.h"
+#include "norm_vec.h"
+
+namespace vllm_ir_c {
+
+VLLM_IR_C_DECLARE_DISPATCH(void (*)(const RmsNormQuantArgs&), rms_norm_quant_fp8_stub);
+
+namespace CPU_CAPABILITY {
+namespace {
+
+using fVec = at::vec::Vectorized<float>;
+using iVec = at::vec::Vectorized<int32_t>;
+using float_vec::kStep;
+using float_vec::load_float;
+using float_vec::round_float;
+using float_vec::store_float;
+
+// Fewer elements than this per task are not worth a parallel region (as the norm kernels).
+constexpr int64_t kMinElementsPerTask = 16384;
+
+int64_t grain_size(int64_t hidden) {
+  return std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(hidden, 1));
+}
+
+// How the weight enters: none, of T (product rounded to T), or fp32 with a narrower T
+// (native promotes the product to fp32: no rounding).
+enum class WeightKind { kNone, kSame, kFp32 };
+
+template <typename T>
+float round_scalar(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+
+template <typename T>
+std::tuple<fVec, fVec> apply_weight(const fVec& y0, const fVec& y1, const float* w, WeightKind kind) {
+  if (kind == WeightKind::kNone) {
+    return {y0, y1};
+  }
+  const fVec p0 = y0 * fVec::loadu(w);
+  const fVec p1 = y1 * fVec::loadu(w + fVec::size());
+  if (kind == WeightKind::kSame) {
+    return round_float<T>(p0, p1);
+  }
+  return {p0, p1};
+}
+
+template <typename T>
+float apply_weight(float y, const float* w, int64_t d, WeightKind kind) {
+  if (kind == WeightKind::kNone) {
+    return y;
+  }
+  const float p = y * w[d];
+  return kind == WeightKind::kSame ? round_scalar<T>(p) : p;
+}
+
+// One row. `buf` (dynamic only) holds y in fp32 between pass 2 and pass 3.
+template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic>
+void row(const RmsNormQuantArgs& a, int64_t r, const float* w, WeightKind kind, float* buf) {
+  const int64_t n = a.hidden;
+  const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
+  const T* res = kResidual ? static_cast<const T*>(a.residual) + a.residual_rows.offset(r) : nullptr;
+  T* res_out = kResidual ? static_cast<T*>(a.residual_out) + a.residual_out_rows.offset(r) : nullptr;
+  uint8_t* out = a.out + r * n;
+  auto load = [&](int64_t d) {
+    auto [x0, x1] = load_float(x + d);
+    if constexpr (kResidual) {
+      auto [r0, r1] = load_float(res + d);
+      return std::make_tuple(x0 + r0, x1 + r1);
+    } else {
+      return std::make_tuple(x0, x1);
+    }
+  };
+  auto scalar = [&](int64_t d) {
+    float v = static_cast<float>(x[d]);
+    if constexpr (kResidual) {
+      v += static_cast<float>(res[d]);
+    }
+    return v;
+  };
+  const float inv_rms = norm_vec::inverse_rms(norm_vec::sum_of_squares(n, load, scalar), n, a.epsilon);
+  const fVec vinv_rms(inv_rms);
+  const float bound = fp8_bound(kFormat);
+  const fVec vbound(bound);
+  const float inv_scale = kDynamic ? 0.0f : 1.0f / *a.scale;
+  const fVec vinv_scale(inv_scale);
+  iVec absmax_bits(0);
+  int64_t d = 0;
+  for (; d + kStep <= n; d += kStep) {
+    auto [s0, s1] = load(d);
+    if constexpr (kResidual) {
+      store_float(res_out + d, s0, s1);
+    }
+    auto [n0, n1] = round_float<T>(s0 * vinv_rms, s1 * vinv_rms);
+    auto [y0, y1] = apply_weight<T>(n0, n1, w + d, kind);
+    if constexpr (kDynamic) {
+      y0.store(buf + d);
+      y1.store(buf + d + fVec::size());
+      absmax_bits =
+          at::vec::maximum(absmax_bits, at::vec::maximum(fp8_vec::magnitude_bits(y0), fp8_vec::magnitude_bits(y1)));
+    } else {
+      fp8_vec::store_bytes(fp8_vec::encode<kFormat>(y0 * vinv_scale, vbound), out + d);
+      fp8_vec::store_bytes(fp8_vec::encode<kFormat>(y1 * vinv_scale, vbound), out + d + fVec::size());
+    }
+  }
+  int32_t tail_bits = 0;
+  for (; d < n; ++d) {
+    const float s = scalar(d);
+    if constexpr (kResidual) {
+      res_out[d] = static_cast<T>(s);
+    }
+    const float y = apply_weight<T>(round_scalar<T>(s * inv_rms), w, d, kind);
+    if constexpr (kDynamic) {
+      buf[d] = y;
+      tail_bits = std::max(tail_bits, static_cast<int32_t>(float_bits(y) & 0x7FFFFFFFu));
+    } else {
+      out[d] = quantize_fp8<kFormat>(y * inv_scale, bound);
+    }
+  }
+  if constexpr (kDynamic) {
+    // The NaN-propagating maximum of |y|, as the quant kernels take it (integer max of magnitudes).
+    int32_t lanes[iVec::size()];
+    absmax_bits.store(lanes);
+    for (int64_t j = 0; j < iVec::size(); ++j) {
+      tail_bits = std::max(tail_bits, lanes[j]);
+    }
+    const float scale = dynamic_scale(fp8_vec::float_of_bits(tail_bits), a.scale_ub, kFormat);
+    a.scales[r] = scale;
+    fp8_vec::quantize_row<kFormat, float>(buf, out, n, 1.0f / scale, nullptr, bound);
+  }
+}
+
+template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic>
+void rows(const RmsNormQuantArgs& a) {
+  const WeightKind kind = a.weight == nullptr ? WeightKind::kNone
+                          : (a.fp32_weight || std::is_same_v<T, float>) ? WeightKind::kFp32
+                                                                        : WeightKind::kSame;
+  at::parallel_for(0, a.rows, grain_size(a.hidden), [&](int64_t begin, int64_t end) {
+    // A weight of T widened once per task; an fp32 weight is used as is.
+    const norm_vec::Fp32Weight<T> same(kind == WeightKind::kSame ? a.weight : nullptr, a.hidden);
+    const float* w = kind == WeightKind::kSame ? same.data() : static_cast<const float*>(a.weight);
+    std::vector<float> buf(kDynamic ? a.hidden : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      row<T, kFormat, kResidual, kDynamic>(a, r, w, kind, buf.data());
+    }
+  });
+}
+
+template <typename T, Fp8Format kFormat>
+void rows_for(const RmsNormQuantArgs& a) {
+  const bool residual = a.residual != nullptr;
+  const bool dynamic = a.scale == nullptr;
+  if (residual) {
+    dynamic ? rows<T, kFormat, true, true>(a) : rows<T, kFormat, true, false>(a);
+  } else {
+    dynamic ? rows<T, kFormat, false, true>(a) : rows<T, kFormat, false, false>(a);
+  }
+}
+
+void rms_norm_quant_kernel(const RmsNormQuantArgs& a) {
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "vllm_ir_c::rms_norm_fp8_quant (cpu)", [&] {
+    if (a.format == Fp8Format::E4M3FNUZ) {
+      rows_for<scalar_t, Fp8Format::E4M3FNUZ>(a);
+    } else {
+      rows_for<scalar_t, Fp8Format::E4M3FN>(a);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace CPU_CAPABILITY
+
+VLLM_IR_C_REGISTER_DISPATCH(rms_norm_quant_fp8_stub, &CPU_CAPABILITY::rms_norm_quant_kernel);
+
+}  // namespace vllm_ir_c
+
+// ---------------------------------------------------------------------------------------
+// torch side: schemas and CPU implementations (the DEFAULT compilation only)
+
+#if VLLM_IR_C_TORCH_SIDE
+
+#include <torch/library.h>
+
+namespace vllm_ir_c {
+namespace {
+
+void rms_norm_static_fp8_quant_cpu(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                   const at::Tensor& scale, double epsilon) {
+  run_rms_norm_quant("vllm_ir_c::rms_norm_static_fp8_quant", out, std::nullopt, std::nullopt, input, std::nullopt,
+                     weight, scale, std::nullopt, epsilon, rms_norm_quant_fp8_stub);
+}
+
+void fused_add_rms_norm_static_fp8_quant_cpu(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& input,
+                                             const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+                                             const at::Tensor& scale, double epsilon) {
+  run_rms_norm_quant("vllm_ir_c::fused_add_rms_norm_static_fp8_quant", out, std::nullopt, residual_out, input,
+                     residual, weight, scale, std::nullopt, epsilon, rms_norm_quant_fp8_stub);
+}
+
+void rms_norm_dynamic_per_token_fp8_quant_cpu(at::Tensor& out, at::Tensor& scales,
+                                              const std::optional<at::Tensor>& residual_out, const at::Tensor& input,
+                                              const std::optional<at::Tensor>& residual,
+                                              const std::optional<at::Tensor>& weight,
+                                              const std::optional<at::Tensor>& scale_ub, double epsilon) {
+  run_rms_norm_quant("vllm_ir_c::rms_norm_dynamic_per_token_fp8_quant", out, scales, residual_out, input, residual,
+                     weight, std::nullopt, scale_ub, epsilon, rms_norm_quant_fp8_stub);
+}
+
+}  // namespace
+}  // namespace vllm_ir_c
+
+TORCH_LIBRARY_FRAGMENT(vllm_ir_c, m) {
+  // q (float8_e4m3fn or float8_e4m3fnuz: out's dtype chooses) of rms_norm(input) * weight by a
+  // per-tensor scale; the weight has input's dtype or float32.
+  m.def("rms_norm_static_fp8_quant(Tensor(a!) out, Tensor input, Tensor? weight, Tensor scale, float epsilon) -> ()");
+  // The same of input + residual (in fp32), the sum rounded into residual_out (which may be residual).
+  m.def(
+      "fused_add_rms_norm_static_fp8_quant(Tensor(a!) out, Tensor(b!) residual_out, Tensor input, Tensor residual, "
+      "Tensor? weight, Tensor scale, float epsilon) -> ()");
+  // Per-token dynamic scales into `scales` (one per row); residual optional as above.
+  m.def(
+      "rms_norm_dynamic_per_token_fp8_quant(Tensor(a!) out, Tensor(b!) scales, Tensor(c!)? residual_out, "
+      "Tensor input, Tensor? residual, Tensor? weight, Tensor? scale_ub, float epsilon) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(vllm_ir_c, CPU, m) {
+  m.impl("rms_norm_static_fp8_quant", &vllm_ir_c::rms_norm_static_fp8_quant_cpu);
+  m.impl("fused_add_rms_norm_static_fp8_quant", &vllm_ir_c::fused_add_rms_norm_static_fp8_quant_cpu);
+  m.impl("rms_norm_dynamic_per_token_fp8_quant", &vllm_ir_c::rms_norm_dynamic_per_token_fp8_quant_cpu);
+}
+
+#endif  // VLLM_IR_C_TORCH_SIDE
