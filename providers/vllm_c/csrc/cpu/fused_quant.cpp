@@ -58,36 +58,42 @@ float round_scalar(float v) {
   return static_cast<float>(static_cast<T>(v));
 }
 
-template <typename T>
-std::tuple<fVec, fVec> apply_weight(const fVec& y0, const fVec& y1, const float* w, WeightKind kind) {
-  if (kind == WeightKind::kNone) {
+template <typename T, WeightKind kKind>
+std::tuple<fVec, fVec> apply_weight(const fVec& y0, const fVec& y1, const float* w) {
+  if constexpr (kKind == WeightKind::kNone) {
     return {y0, y1};
+  } else {
+    const fVec p0 = y0 * fVec::loadu(w);
+    const fVec p1 = y1 * fVec::loadu(w + fVec::size());
+    if constexpr (kKind == WeightKind::kSame) {
+      return round_float<T>(p0, p1);
+    } else {
+      return {p0, p1};
+    }
   }
-  const fVec p0 = y0 * fVec::loadu(w);
-  const fVec p1 = y1 * fVec::loadu(w + fVec::size());
-  if (kind == WeightKind::kSame) {
-    return round_float<T>(p0, p1);
-  }
-  return {p0, p1};
 }
 
-template <typename T>
-float apply_weight(float y, const float* w, int64_t d, WeightKind kind) {
-  if (kind == WeightKind::kNone) {
+template <typename T, WeightKind kKind>
+float apply_weight(float y, const float* w, int64_t d) {
+  if constexpr (kKind == WeightKind::kNone) {
     return y;
+  } else {
+    const float p = y * w[d];
+    return kKind == WeightKind::kSame ? round_scalar<T>(p) : p;
   }
-  const float p = y * w[d];
-  return kind == WeightKind::kSame ? round_scalar<T>(p) : p;
 }
 
-// One row. `buf` (dynamic only) holds y in fp32 between pass 2 and pass 3.
-template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic>
-void row(const RmsNormQuantArgs& a, int64_t r, const float* w, WeightKind kind, float* buf) {
+// One row. `buf` (dynamic only) holds y in fp32 between pass 2 and pass 3. Pass 2 (compute-bound)
+// prefetches the next row's inputs (`next`), which pass 1 (memory-bound) then finds in cache.
+template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic, WeightKind kKind>
+void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, float* buf) {
   const int64_t n = a.hidden;
   const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
   const T* res = kResidual ? static_cast<const T*>(a.residual) + a.residual_rows.offset(r) : nullptr;
   T* res_out = kResidual ? static_cast<T*>(a.residual_out) + a.residual_out_rows.offset(r) : nullptr;
   uint8_t* out = a.out + r * n;
+  const T* next_x = static_cast<const T*>(a.input) + a.input_rows.offset(next);
+  const T* next_res = kResidual ? static_cast<const T*>(a.residual) + a.residual_rows.offset(next) : nullptr;
   auto load = [&](int64_t d) {
     auto [x0, x1] = load_float(x + d);
     if constexpr (kResidual) {
@@ -107,26 +113,25 @@ void row(const RmsNormQuantArgs& a, int64_t r, const float* w, WeightKind kind, 
   const float inv_rms = norm_vec::inverse_rms(norm_vec::sum_of_squares(n, load, scalar), n, a.epsilon);
   const fVec vinv_rms(inv_rms);
   const float bound = fp8_bound(kFormat);
-  const fVec vbound(bound);
   const float inv_scale = kDynamic ? 0.0f : 1.0f / *a.scale;
-  const fVec vinv_scale(inv_scale);
   iVec absmax_bits(0);
   int64_t d = 0;
   for (; d + kStep <= n; d += kStep) {
+    norm_vec::prefetch_step<false>(next_x + d);
+    if constexpr (kResidual) {
+      norm_vec::prefetch_step<false>(next_res + d);
+    }
     auto [s0, s1] = load(d);
     if constexpr (kResidual) {
       store_float(res_out + d, s0, s1);
     }
     auto [n0, n1] = round_float<T>(s0 * vinv_rms, s1 * vinv_rms);
-    auto [y0, y1] = apply_weight<T>(n0, n1, w + d, kind);
+    auto [y0, y1] = apply_weight<T, kKind>(n0, n1, w + d);
+    y0.store(buf + d);
+    y1.store(buf + d + fVec::size());
     if constexpr (kDynamic) {
-      y0.store(buf + d);
-      y1.store(buf + d + fVec::size());
       absmax_bits =
           at::vec::maximum(absmax_bits, at::vec::maximum(fp8_vec::magnitude_bits(y0), fp8_vec::magnitude_bits(y1)));
-    } else {
-      fp8_vec::store_bytes(fp8_vec::encode<kFormat>(y0 * vinv_scale, vbound), out + d);
-      fp8_vec::store_bytes(fp8_vec::encode<kFormat>(y1 * vinv_scale, vbound), out + d + fVec::size());
     }
   }
   int32_t tail_bits = 0;
@@ -135,12 +140,10 @@ void row(const RmsNormQuantArgs& a, int64_t r, const float* w, WeightKind kind, 
     if constexpr (kResidual) {
       res_out[d] = static_cast<T>(s);
     }
-    const float y = apply_weight<T>(round_scalar<T>(s * inv_rms), w, d, kind);
+    const float y = apply_weight<T, kKind>(round_scalar<T>(s * inv_rms), w, d);
+    buf[d] = y;
     if constexpr (kDynamic) {
-      buf[d] = y;
       tail_bits = std::max(tail_bits, static_cast<int32_t>(float_bits(y) & 0x7FFFFFFFu));
-    } else {
-      out[d] = quantize_fp8<kFormat>(y * inv_scale, bound);
     }
   }
   if constexpr (kDynamic) {
@@ -153,23 +156,34 @@ void row(const RmsNormQuantArgs& a, int64_t r, const float* w, WeightKind kind, 
     const float scale = dynamic_scale(fp8_vec::float_of_bits(tail_bits), a.scale_ub, kFormat);
     a.scales[r] = scale;
     fp8_vec::quantize_row<kFormat, float>(buf, out, n, 1.0f / scale, nullptr, bound);
+  } else {
+    fp8_vec::quantize_row<kFormat, float>(buf, out, n, inv_scale, nullptr, bound);
   }
+}
+
+template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic, WeightKind kKind>
+void rows(const RmsNormQuantArgs& a) {
+  at::parallel_for(0, a.rows, grain_size(a.hidden), [&](int64_t begin, int64_t end) {
+    // A weight of T widened once per task; an fp32 weight is used as is.
+    const norm_vec::Fp32Weight<T> same(kKind == WeightKind::kSame ? a.weight : nullptr, a.hidden);
+    const float* w = kKind == WeightKind::kSame ? same.data() : static_cast<const float*>(a.weight);
+    std::vector<float> buf(a.hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
+      row<T, kFormat, kResidual, kDynamic, kKind>(a, r, next, w, buf.data());
+    }
+  });
 }
 
 template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic>
 void rows(const RmsNormQuantArgs& a) {
-  const WeightKind kind = a.weight == nullptr ? WeightKind::kNone
-                          : (a.fp32_weight || std::is_same_v<T, float>) ? WeightKind::kFp32
-                                                                        : WeightKind::kSame;
-  at::parallel_for(0, a.rows, grain_size(a.hidden), [&](int64_t begin, int64_t end) {
-    // A weight of T widened once per task; an fp32 weight is used as is.
-    const norm_vec::Fp32Weight<T> same(kind == WeightKind::kSame ? a.weight : nullptr, a.hidden);
-    const float* w = kind == WeightKind::kSame ? same.data() : static_cast<const float*>(a.weight);
-    std::vector<float> buf(kDynamic ? a.hidden : 0);
-    for (int64_t r = begin; r < end; ++r) {
-      row<T, kFormat, kResidual, kDynamic>(a, r, w, kind, buf.data());
-    }
-  });
+  if (a.weight == nullptr) {
+    rows<T, kFormat, kResidual, kDynamic, WeightKind::kNone>(a);
+  } else if (a.fp32_weight || std::is_same_v<T, float>) {
+    rows<T, kFormat, kResidual, kDynamic, WeightKind::kFp32>(a);
+  } else {
+    rows<T, kFormat, kResidual, kDynamic, WeightKind::kSame>(a);
+  }
 }
 
 template <typename T, Fp8Format kFormat>

@@ -46,6 +46,7 @@ namespace {
 using fVec = at::vec::Vectorized<float>;
 using norm_vec::Fp32Weight;
 using norm_vec::inverse_rms;
+using norm_vec::prefetch_step;
 using norm_vec::sum_of_squares;
 
 // Fewer elements than this per task are not worth a parallel region (a few microseconds).
@@ -135,19 +136,6 @@ std::tuple<fVec, fVec> round_float(const fVec& a, const fVec& b) {
 
 // ---------------------------------------------------------------------------------------
 // rows
-
-// Pass 1 of a row waits on memory, pass 2 on arithmetic. Pass 2 therefore prefetches the
-// next row's step (for writing where it will be written, which saves the later ownership
-// request) so that the two overlap; prefetching lines already cached costs next to nothing.
-template <bool kForWrite, typename T>
-void prefetch_step(const T* p) {
-#if defined(__GNUC__) || defined(__clang__)
-  constexpr int64_t kLine = 64;
-  for (int64_t b = 0; b < kStep * static_cast<int64_t>(sizeof(T)); b += kLine) {
-    __builtin_prefetch(reinterpret_cast<const char*>(p) + b, kForWrite ? 1 : 0, 3);
-  }
-#endif
-}
 
 template <typename T, bool kHasWeight>
 void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, const T* next_x, T* next_out) {
