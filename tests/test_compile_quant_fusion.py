@@ -28,7 +28,9 @@ FUSED = (
     "silu_and_mul_static_fp8_quant",
 )
 UNFUSED = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "static_quant_fp8", "dynamic_quant_fp8")
-VLLM_C_FIRST = {name: ["vllm_c"] for name in FUSED[:3] + UNFUSED}
+VLLM_C_FIRST = {name: ["vllm_c"] for name in FUSED + UNFUSED}
+#: As above, but silu_and_mul_static_fp8_quant left at the default compile priority (native only).
+NO_SILU_QUANT = {name: p for name, p in VLLM_C_FIRST.items() if name != "silu_and_mul_static_fp8_quant"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,7 +46,7 @@ def _vllm_c_and_fresh_compiles():
 
 def _model(eps: float):
     """Every fusable pattern once: norm+static, add+norm+static, norm+dynamic (with ub),
-    add+norm+dynamic, and silu_and_mul+static (no vllm_c kernel for its fused op)."""
+    add+norm+dynamic, and silu_and_mul+static."""
 
     def model(x, r, w, scale, ub, g):
         q1 = ops.static_quant_fp8(ops.rms_norm(x, w, eps), scale, FP8)
@@ -108,13 +110,24 @@ def test_norm_quant_pairs_fuse_under_vllm_c_priority(eps, dtype, weight_dtype):
     _assert_same_dequantized(out, model(*args), dtype)  # eager, unfused, native-equivalent kernels
     report = record.graphs[0]
     fused = [f for f in report.fusions if f.startswith("quant:")]
-    assert len(fused) == 4, report.fusions
-    assert set(report.selected_impls) >= set(FUSED[:3])
-    assert all(p == "vllm_c" for op in FUSED[:3] for p in report.selected_impls[op].values())
-    assert "rms_norm" not in report.selected_impls and "static_quant_fp8" in report.selected_impls
-    # silu_and_mul + quant: its fused op has only the native implementation here.
+    assert len(fused) == 5 and not report.fusions_rejected, (report.fusions, report.fusions_rejected)
+    assert set(report.selected_impls) == set(FUSED)
+    assert all(p == "vllm_c" for op in FUSED for p in report.selected_impls[op].values())
+
+
+def test_a_fused_op_only_native_would_run_stays_unfused():
+    """Without vllm_c first for silu_and_mul_static_fp8_quant, its pair stays unfused (and the
+    unfused ops keep their vllm_c kernels); the record says why."""
+    model = _model(1e-6)
+    args = _inputs(torch.bfloat16, torch.bfloat16)
+    with vllm_ir.priority(**NO_SILU_QUANT):
+        compiled, record = compile_with_passes(model)
+        _assert_same_dequantized(compiled(*args), model(*args), torch.bfloat16)
+    report = record.graphs[0]
+    assert len([f for f in report.fusions if f.startswith("quant:")]) == 4
     (rejected,) = report.fusions_rejected
     assert "silu_and_mul" in rejected and "only the native silu_and_mul_static_fp8_quant" in rejected
+    assert report.selected_impls["silu_and_mul"] and report.selected_impls["static_quant_fp8"]
 
 
 def test_default_compile_priority_leaves_pairs_unfused_with_reasons():
@@ -165,7 +178,7 @@ def test_record_of_a_compiled_function_lists_fusions_and_rejections():
 
     torch._dynamo.reset()
     x, w, scale, g = torch.randn(3, 32), torch.ones(32), torch.tensor([0.05]), torch.randn(3, 64)
-    with vllm_ir.priority(**VLLM_C_FIRST):
+    with vllm_ir.priority(**NO_SILU_QUANT):
         compiled = vllm_ir.passes.compile(model)
         compiled(x, w, scale, g)
     record = vllm_ir.passes.record_of(compiled)

@@ -216,7 +216,7 @@ def inductor_options(
 
     :param on_unlowered: ``"error"`` (default) fails the compile when an IR node cannot be
         lowered; ``"warn"`` keeps such nodes as opaque calls and warns with the node list.
-    :param fusions: IR fusions to run (default: `AddRmsNormFusion`); ``[]`` disables fusion.
+    :param fusions: IR fusions to run (default: `AddRmsNormFusion`, then `QuantFusion`); ``[]`` disables fusion.
     :param user_options: any other Inductor options; custom passes among them (or already
         set in ``torch._inductor.config``) are chained with ours, not replaced.
         ``pre_grad_pass_timing`` is always ``"early"``: the pre-grad stage installs the

@@ -6,10 +6,15 @@ normalizes every IR node to that form first) and never depends on which provider
 Patterns use Inductor's pattern matcher (``CallFunction`` trees); a fusion rewrites the
 matched nodes in its `IrFusion.rewrite`.
 
-The one fusion shipped here: ``s = x + residual; y = rms_norm(s, w, eps)`` becomes
+The pattern fusion shipped here: ``s = x + residual; y = rms_norm(s, w, eps)`` becomes
 ``y, s = fused_add_rms_norm(x, residual, w, eps)``. In float32 the values are identical; in
 lower precision the fused op normalizes the unrounded float32 sum (its documented
 semantics), which differs from the rounded sum by at most the op's tolerance.
+
+A `GraphFusion` walks the graph itself instead, so that it can also report the candidates it
+leaves unfused and why (``GraphReport.fusions_rejected``): `QuantFusion`
+(vllm_ir/passes/quant_fusion.py, norm / activation + FP8 quant) runs after the pattern fusions,
+so it also sees the ``fused_add_rms_norm`` nodes they create.
 """
 
 from __future__ import annotations

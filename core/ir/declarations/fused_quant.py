@@ -186,14 +186,31 @@ def _dequantize_norm_dynamic(args: tuple, outputs: tuple) -> Tensor:
     return _dequantize_dynamic(args, outputs[:2])
 
 
+def _normed(args: tuple) -> Tensor:
+    """The unquantized value of a norm op: what its q * scale approximates."""
+    if len(args) == 5:  # rms_norm_static_fp8_quant
+        x, weight, epsilon = args[:3]
+        return rms_norm.fn(x, weight, epsilon)
+    if isinstance(args[4], Tensor):  # fused_add_rms_norm_static_fp8_quant
+        x, residual, weight, epsilon = args[:4]
+    else:  # rms_norm_dynamic_per_token_fp8_quant
+        x, residual, weight, epsilon = args[:4]
+        if residual is None:
+            return rms_norm.fn(x, weight, epsilon)
+    return fused_add_rms_norm.fn(x, residual, weight, epsilon)[0]
+
+
 for _op in (rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant):
-    _op.set_comparison(Comparison.dequantized(quantized=(0,), dequantize=_dequantize_norm_static))
+    _op.set_comparison(Comparison.dequantized(quantized=(0,), dequantize=_dequantize_norm_static, reference=_normed))
 silu_and_mul_static_fp8_quant.set_comparison(
     Comparison.dequantized(
         quantized=(0,),
         dequantize=lambda args, outputs: outputs[0].to(torch.float32) * broadcast_scale(args[1], outputs[0]),
+        reference=lambda args: silu_and_mul.fn(args[0]),
     )
 )
 rms_norm_dynamic_per_token_fp8_quant.set_comparison(
-    Comparison.dequantized(quantized=(0,), scales=(1,), dequantize=_dequantize_norm_dynamic, scale_floor=_floor)
+    Comparison.dequantized(
+        quantized=(0,), scales=(1,), dequantize=_dequantize_norm_dynamic, scale_floor=_floor, reference=_normed
+    )
 )

@@ -40,6 +40,19 @@ struct RmsNormQuantArgs {
   const float* scale_ub;  // dynamic: one element, or nullptr
 };
 
+// For every row r of a [..., 2d] input: y = silu(gate) rounded to `dtype`, times up, rounded
+// again (silu_and_mul's roundings), then q[r] = quantize(y * (1 / *scale)) into [..., d].
+struct SiluMulQuantArgs {
+  c10::ScalarType dtype;
+  Fp8Format format;
+  uint8_t* out;  // contiguous rows of `d`
+  const void* input;
+  RowLayout input_rows;
+  int64_t rows;
+  int64_t d;
+  const float* scale;  // per-tensor
+};
+
 }  // namespace vllm_ir_c
 
 #if VLLM_IR_C_TORCH_SIDE
@@ -142,6 +155,40 @@ void run_rms_norm_quant(const char* op, at::Tensor& out, const std::optional<at:
     at::Tensor dst = *residual_out;
     unstage(dst, *s);
   }
+}
+
+// out <- static quant of silu_and_mul(input) by a per-tensor scale.
+template <typename Kernel>
+void run_silu_and_mul_quant(const char* op, at::Tensor& out, const at::Tensor& input, const at::Tensor& scale,
+                            Kernel&& kernel) {
+  TORCH_CHECK(input.dim() >= 1, op, ": input must have at least one dimension");
+  TORCH_CHECK(is_supported_dtype(input.scalar_type()), op, ": unsupported dtype ", input.scalar_type(),
+              " (float32, bfloat16 and float16 are supported)");
+  TORCH_CHECK(input.size(-1) % 2 == 0, op, ": the last dimension (", input.size(-1), ") must be even");
+  const int64_t d = input.size(-1) / 2;
+  auto expected = input.sizes().vec();
+  expected.back() = d;
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(expected), op, ": out has shape ", out.sizes(), ", expected ",
+              at::IntArrayRef(expected));
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  TORCH_CHECK(out.device() == input.device(), op, ": out is on ", out.device(), ", input on ", input.device());
+  const Fp8Format format = fp8_format(op, out);
+  at::assert_no_overlap(out, input);
+  check_float_scale(op, "scale", scale, input);
+  TORCH_CHECK(scale.numel() == 1, op, ": the scale must have one element (per-tensor), got ", scale.sizes());
+  if (out.numel() == 0) {
+    return;
+  }
+  const at::Tensor x = staged(input);
+  SiluMulQuantArgs args{input.scalar_type(),
+                        format,
+                        static_cast<uint8_t*>(out.mutable_data_ptr()),
+                        x.const_data_ptr(),
+                        row_layout(x),
+                        out.numel() / d,
+                        d,
+                        scale.const_data_ptr<float>()};
+  kernel(args);
 }
 
 }  // namespace vllm_ir_c

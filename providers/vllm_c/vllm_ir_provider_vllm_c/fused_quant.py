@@ -1,6 +1,7 @@
-"""RMSNorm fused with FP8 quant: ``rms_norm_static_fp8_quant``,
-``fused_add_rms_norm_static_fp8_quant`` and ``rms_norm_dynamic_per_token_fp8_quant``
-(csrc/cpu/fused_quant.cpp, numerics in csrc/fused_quant.h; CPU only).
+"""RMSNorm / SwiGLU fused with FP8 quant: ``rms_norm_static_fp8_quant``,
+``fused_add_rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_fp8_quant`` and
+``silu_and_mul_static_fp8_quant`` (csrc/cpu/fused_quant.cpp, numerics in csrc/fused_quant.h;
+CPU only).
 
 One pass over each row's memory: norm, weight, scale and fp8 encoding in registers, from the
 same building blocks as the norm and quant kernels (csrc/cpu/norm_vec.h, fp8_vec.h), so the
@@ -36,6 +37,7 @@ def register(status: ExtensionStatus) -> None:
     static_kernel = torch_op(status, "rms_norm_static_fp8_quant")
     add_static_kernel = torch_op(status, "fused_add_rms_norm_static_fp8_quant")
     dynamic_kernel = torch_op(status, "rms_norm_dynamic_per_token_fp8_quant")
+    silu_kernel = torch_op(status, "silu_and_mul_static_fp8_quant")
     # Each row is computed from its own values in a fixed order whatever the batch. Not exact:
     # the sum of squares is vectorized (another summation order than native's mean), which can
     # move the inverse RMS by an ulp; bf16/fp16 rounding and fp8 encoding usually hide it, but
@@ -74,6 +76,18 @@ def register(status: ExtensionStatus) -> None:
             elif scale_ub.dim() > 1:
                 verdict = Unsupported(f"scale_ub is {scale_ub.dim()}-D (native broadcasts the scale's shape to it)")
         return True if verdict is None else verdict
+
+    def supports_silu(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> bool | Unsupported:
+        verdict = _common(x, None, None, fp8_dtype)
+        if verdict is None and x.shape[-1] % 2:
+            verdict = Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
+        return _first(verdict, _static_scale(x, scale))
+
+    @vllm_ir.ops.silu_and_mul_static_fp8_quant.register_impl(PROVIDER, supports_args=supports_silu, **options)
+    def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
+        out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=fp8_dtype, device=x.device)
+        silu_kernel(out, x, scale)
+        return out
 
     @vllm_ir.ops.rms_norm_static_fp8_quant.register_impl(PROVIDER, supports_args=supports_static, **options)
     def rms_norm_static_fp8_quant(
@@ -156,6 +170,10 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("vllm_ir_c::rms_norm_dynamic_per_token_fp8_quant")
     def _dynamic_fake(out, scales, residual_out, input, residual, weight, scale_ub, epsilon):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::silu_and_mul_static_fp8_quant")
+    def _silu_fake(out, input, scale):
         return None
 
 
