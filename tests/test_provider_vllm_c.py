@@ -576,6 +576,7 @@ def test_a_new_op_is_new_files_only(tmp_path):
         "activation.*",
         "quant.*",
         "rotary.*",
+        "fused_quant.*",
         "_C*.so",
         "_build_info.py",
         "build",

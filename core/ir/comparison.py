@@ -48,6 +48,9 @@ class Comparison:
     scales: tuple[int, ...] = ()
     dequantize: Callable[[tuple, tuple[Tensor, ...]], Tensor] | None = None
     scale_floor: Callable[[tuple], float] | None = None
+    #: dequantized mode: the values q * scale approximates (default ``args[0]``, the input of a
+    #: plain quant op; a fused op's is its unquantized intermediate, e.g. the normalized x).
+    reference: Callable[[tuple], Tensor] | None = None
     rtol: float = 0.15
     atol: float = 0.01
     #: The fraction of quantized elements that may differ from native's.

@@ -37,6 +37,8 @@ _LAZY = {
     "AddRmsNormFusion": "fusion",
     "FusionPass": "fusion",
     "IrFusion": "fusion",
+    "GraphFusion": "fusion",
+    "QuantFusion": "quant_fusion",
     "ir_call": "fusion",
     "LoweringPass": "lowering",
     "trace_impl": "lowering",

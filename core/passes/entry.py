@@ -46,7 +46,7 @@ from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.clone_cleanup import CloneCleanupPass
 from vllm_ir.passes.functionalize import FunctionalizeInplacePass
-from vllm_ir.passes.fusion import FusionPass, IrFusion
+from vllm_ir.passes.fusion import FusionPass, GraphFusion, IrFusion
 from vllm_ir.passes.lowering import LoweringPass, OnUnlowered
 from vllm_ir.passes.nodes import ir_nodes
 from vllm_ir.passes.record import GraphReport, PipelineRecord, publish, reports_from_counters, set_last_selected
@@ -79,7 +79,7 @@ class IrPipelinePass(CustomInferenceAwareGraphPass):
         *,
         stage: Literal["pre", "post"] = "post",
         on_unlowered: OnUnlowered = "error",
-        fusions: Sequence[IrFusion] | None = None,
+        fusions: Sequence[IrFusion | GraphFusion] | None = None,
         keep_code: bool = True,
         shared: weakref.WeakKeyDictionary[fx.Graph, tuple[GraphReport, dict[str, int]]] | None = None,
     ):
@@ -125,6 +125,8 @@ class IrPipelinePass(CustomInferenceAwareGraphPass):
         self._timed("fusion", self.fusion, graph, report)
         for done in report.fusions[before:]:
             log.debug("fusion %s", done)
+        for why in report.fusions_rejected:
+            log.debug("fusion rejected %s", why)
 
     def _timed(self, name: str, stage: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         start = time.perf_counter()
@@ -207,14 +209,14 @@ def _flatten(value: Any) -> list[Any]:
 def inductor_options(
     *,
     on_unlowered: OnUnlowered = "error",
-    fusions: Sequence[IrFusion] | None = None,
+    fusions: Sequence[IrFusion | GraphFusion] | None = None,
     **user_options: Any,
 ) -> dict[str, Any]:
     """Inductor options that run the vllm-ir pipeline: ``torch.compile(model, options=...)``.
 
     :param on_unlowered: ``"error"`` (default) fails the compile when an IR node cannot be
         lowered; ``"warn"`` keeps such nodes as opaque calls and warns with the node list.
-    :param fusions: IR fusions to run (default: `AddRmsNormFusion`); ``[]`` disables fusion.
+    :param fusions: IR fusions to run (default: `AddRmsNormFusion`, then `QuantFusion`); ``[]`` disables fusion.
     :param user_options: any other Inductor options; custom passes among them (or already
         set in ``torch._inductor.config``) are chained with ours, not replaced.
         ``pre_grad_pass_timing`` is always ``"early"``: the pre-grad stage installs the
@@ -300,7 +302,7 @@ class PipelineBackend:
         record: PipelineRecord,
         *,
         on_unlowered: OnUnlowered = "error",
-        fusions: Sequence[IrFusion] | None = None,
+        fusions: Sequence[IrFusion | GraphFusion] | None = None,
         partition_fn: Callable[..., Any] | None = None,
     ):
         from torch._dynamo.backends.common import aot_autograd
@@ -334,7 +336,7 @@ def _backend(
     backend: str | Callable[..., Any],
     record: PipelineRecord,
     on_unlowered: OnUnlowered,
-    fusions: Sequence[IrFusion] | None,
+    fusions: Sequence[IrFusion | GraphFusion] | None,
 ) -> PipelineBackend:
     if backend == "aot_eager":
         from functorch.compile import min_cut_rematerialization_partition
@@ -365,7 +367,7 @@ def compile(
     dynamic: bool | None = None,
     backend: str | Callable[..., Any] = "inductor",
     on_unlowered: OnUnlowered = "error",
-    fusions: Sequence[IrFusion] | None = None,
+    fusions: Sequence[IrFusion | GraphFusion] | None = None,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """``torch.compile`` with the vllm-ir pipeline; usable as ``@vllm_ir.compile`` or ``@vllm_ir.compile(...)``.

@@ -6,10 +6,15 @@ normalizes every IR node to that form first) and never depends on which provider
 Patterns use Inductor's pattern matcher (``CallFunction`` trees); a fusion rewrites the
 matched nodes in its `IrFusion.rewrite`.
 
-The one fusion shipped here: ``s = x + residual; y = rms_norm(s, w, eps)`` becomes
+The pattern fusion shipped here: ``s = x + residual; y = rms_norm(s, w, eps)`` becomes
 ``y, s = fused_add_rms_norm(x, residual, w, eps)``. In float32 the values are identical; in
 lower precision the fused op normalizes the unrounded float32 sum (its documented
 semantics), which differs from the rounded sum by at most the op's tolerance.
+
+A `GraphFusion` walks the graph itself instead, so that it can also report the candidates it
+leaves unfused and why (``GraphReport.fusions_rejected``): `QuantFusion`
+(vllm_ir/passes/quant_fusion.py, norm / activation + FP8 quant) runs after the pattern fusions,
+so it also sees the ``fused_add_rms_norm`` nodes they create.
 """
 
 from __future__ import annotations
@@ -121,14 +126,28 @@ class AddRmsNormFusion(IrFusion):
         return f"{add.name} + {norm.name} -> {fused.name}"
 
 
-def default_fusions() -> list[IrFusion]:
-    return [AddRmsNormFusion()]
+class GraphFusion(ABC):
+    """A fusion that walks the graph itself, so that it can report every candidate it rejects."""
+
+    #: Short name used in reports.
+    name: str
+
+    @abstractmethod
+    def apply(self, graph: fx.Graph, report: GraphReport | None) -> None:
+        """Rewrite ``graph``; add applied fusions to ``report.fusions`` and rejected
+        candidates, with the reason, to ``report.fusions_rejected``."""
+
+
+def default_fusions() -> list[IrFusion | GraphFusion]:
+    from vllm_ir.passes.quant_fusion import QuantFusion
+
+    return [AddRmsNormFusion(), QuantFusion()]
 
 
 class FusionPass(CustomGraphPass):
     """Run `IrFusion` rewrites over the IR ops of a post-grad graph."""
 
-    def __init__(self, fusions: Sequence[IrFusion] | None = None):
+    def __init__(self, fusions: Sequence[IrFusion | GraphFusion] | None = None):
         self.fusions = list(default_fusions() if fusions is None else fusions)
         self._matcher: PatternMatcherPass | None = None
         self._report: GraphReport | None = None
@@ -136,6 +155,8 @@ class FusionPass(CustomGraphPass):
     def _build(self) -> PatternMatcherPass:
         matcher = PatternMatcherPass(pass_name="vllm_ir_fusion")
         for fusion in self.fusions:
+            if not isinstance(fusion, IrFusion):
+                continue
 
             def handler(match: Match, *args: Any, _fusion: IrFusion = fusion, **kwargs: Any) -> None:
                 done = _fusion.rewrite(match, match.graph)
@@ -157,6 +178,9 @@ class FusionPass(CustomGraphPass):
         self._report = report
         try:
             self._matcher.apply(graph)
+            for fusion in self.fusions:
+                if isinstance(fusion, GraphFusion):
+                    fusion.apply(graph, report)
         finally:
             self._report = None
             for node in ir_nodes(graph):

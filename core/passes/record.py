@@ -44,6 +44,8 @@ class GraphReport:
 
     selected_impls: SelectedImpls = field(default_factory=dict)
     fusions: list[str] = field(default_factory=list)
+    #: Fusion candidates left unfused: ``"<fusion>: <nodes>: <reason>"``.
+    fusions_rejected: list[str] = field(default_factory=list)
     clones: list[CloneDecision] = field(default_factory=list)
     #: IR nodes left in the graph (``on_unlowered="warn"``), with the reason.
     unlowered: dict[str, str] = field(default_factory=dict)

@@ -34,6 +34,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "act_vec.h"
 #include "dispatch_stub.h"
 #include "float_vec.h"
 
@@ -55,20 +56,12 @@ using Pair = std::tuple<fVec, fVec>;
 // Fewer elements than this per task are not worth a parallel region.
 constexpr int64_t kMinElementsPerTask = 16384;
 
-// ATen's vectorized loop runs its vector form while two Vectorized<T> fit (per row of a
-// strided gate): the remainder, shorter than this, takes its scalar form.
-template <typename T>
-constexpr int64_t kAtenStep = 2 * at::vec::Vectorized<T>::size();
+using act_vec::kAtenStep;  // ATen's split between its vector and scalar forms
 
 // ---------------------------------------------------------------------------------------
 // the fp32 math, vector and scalar, each as ATen computes it
 
-inline fVec silu(const fVec& x) {
-  return x / (fVec(1.0f) + x.neg().exp());
-}
-inline float silu(float x) {
-  return x / (1.0f + std::exp(-x));
-}
+using act_vec::silu;
 
 inline fVec sigmoid(const fVec& x) {
   return (fVec(1.0f) + x.neg().exp()).reciprocal();

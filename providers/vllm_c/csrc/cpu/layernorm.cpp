@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "dispatch_stub.h"
+#include "norm_vec.h"
 
 namespace vllm_ir_c {
 
@@ -43,6 +44,10 @@ namespace CPU_CAPABILITY {
 namespace {
 
 using fVec = at::vec::Vectorized<float>;
+using norm_vec::Fp32Weight;
+using norm_vec::inverse_rms;
+using norm_vec::prefetch_step;
+using norm_vec::sum_of_squares;
 
 // Fewer elements than this per task are not worth a parallel region (a few microseconds).
 // Measured on 2 cores with hidden 4096: 8 rows already run faster on two threads
@@ -51,11 +56,6 @@ constexpr int64_t kMinElementsPerTask = 16384;
 
 int64_t grain_size(int64_t hidden) {
   return std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(hidden, 1));
-}
-
-float inverse_rms(float sum_of_squares, int64_t hidden, float epsilon) {
-  // Same operations as native: mean, + epsilon, rsqrt (all fp32).
-  return 1.0f / std::sqrt(sum_of_squares / static_cast<float>(hidden) + epsilon);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -134,84 +134,8 @@ std::tuple<fVec, fVec> round_float(const fVec& a, const fVec& b) {
   }
 }
 
-// The weight in fp32. A bf16/fp16 weight is widened once per chunk of rows (exactly: every
-// bf16/fp16 value is an fp32 value), so native's T * T product is fp32 math on these.
-template <typename T>
-class Fp32Weight {
- public:
-  Fp32Weight(const void* weight, int64_t n) {
-    if constexpr (std::is_same_v<T, float>) {
-      data_ = static_cast<const float*>(weight);
-    } else if (weight != nullptr) {
-      const T* w = static_cast<const T*>(weight);
-      buffer_.resize(n);
-      int64_t d = 0;
-      for (; d + kStep <= n; d += kStep) {
-        auto [w0, w1] = load_float(w + d);
-        store_float(buffer_.data() + d, w0, w1);
-      }
-      for (; d < n; ++d) {
-        buffer_[d] = static_cast<float>(w[d]);
-      }
-      data_ = buffer_.data();
-    }
-  }
-  const float* data() const {
-    return data_;
-  }
-
- private:
-  std::vector<float> buffer_;
-  const float* data_ = nullptr;
-};
-
 // ---------------------------------------------------------------------------------------
 // rows
-
-// Sum of squares over a row in fp32: load(d) gives step d as two fp32 vectors, scalar(d) one
-// element of the tail.
-// Four accumulators keep the FMAs independent (one chain would wait on FMA latency).
-template <typename Load, typename Scalar>
-float sum_of_squares(int64_t n, const Load& load, const Scalar& scalar) {
-  fVec acc0(0.0f);
-  fVec acc1(0.0f);
-  fVec acc2(0.0f);
-  fVec acc3(0.0f);
-  int64_t d = 0;
-  for (; d + 2 * kStep <= n; d += 2 * kStep) {
-    auto [v0, v1] = load(d);
-    auto [v2, v3] = load(d + kStep);
-    acc0 = at::vec::fmadd(v0, v0, acc0);
-    acc1 = at::vec::fmadd(v1, v1, acc1);
-    acc2 = at::vec::fmadd(v2, v2, acc2);
-    acc3 = at::vec::fmadd(v3, v3, acc3);
-  }
-  if (d + kStep <= n) {
-    auto [v0, v1] = load(d);
-    acc0 = at::vec::fmadd(v0, v0, acc0);
-    acc1 = at::vec::fmadd(v1, v1, acc1);
-    d += kStep;
-  }
-  float sum = at::vec::vec_reduce_all<float>(std::plus<fVec>(), (acc0 + acc1) + (acc2 + acc3));
-  for (; d < n; ++d) {
-    const float v = scalar(d);
-    sum += v * v;
-  }
-  return sum;
-}
-
-// Pass 1 of a row waits on memory, pass 2 on arithmetic. Pass 2 therefore prefetches the
-// next row's step (for writing where it will be written, which saves the later ownership
-// request) so that the two overlap; prefetching lines already cached costs next to nothing.
-template <bool kForWrite, typename T>
-void prefetch_step(const T* p) {
-#if defined(__GNUC__) || defined(__clang__)
-  constexpr int64_t kLine = 64;
-  for (int64_t b = 0; b < kStep * static_cast<int64_t>(sizeof(T)); b += kLine) {
-    __builtin_prefetch(reinterpret_cast<const char*>(p) + b, kForWrite ? 1 : 0, 3);
-  }
-#endif
-}
 
 template <typename T, bool kHasWeight>
 void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, const T* next_x, T* next_out) {

@@ -1,0 +1,91 @@
+"""Fused RMSNorm + FP8 quant on this CPU: one vllm_c kernel against vllm_c norm then vllm_c quant.
+
+For [T, hidden] bf16 (default hidden 4096, T in {1, 16, 256, 4096}), bf16 weight,
+float8_e4m3fn q, median microseconds per call of the kernels alone (preallocated outputs):
+
+- ``norm+st``: ``torch.ops.vllm_ir_c.rms_norm`` into y, then ``static_quant_fp8`` of y
+  (per-tensor scale) -- the unfused pair;
+- ``fused st``: ``rms_norm_static_fp8_quant`` (one pass per row, y never stored);
+- ``add+st`` / ``f.add st``: the same with a residual (``fused_add_rms_norm_out`` then
+  ``static_quant_fp8``, against ``fused_add_rms_norm_static_fp8_quant``);
+- ``norm+dyn`` / ``f.dyn``: ``rms_norm`` then per-token ``dynamic_quant_fp8``, against
+  ``rms_norm_dynamic_per_token_fp8_quant`` without residual.
+
+Ratios: unfused time over fused (>1: the fused kernel is faster). Variants are timed in
+interleaved rounds and each keeps its best round's median (the machine is shared and noisy).
+Use the same ``OMP_NUM_THREADS`` for every run that is compared.
+
+    OMP_NUM_THREADS=2 python benchmarks/fused_quant.py [--hidden 4096] [--tokens 1,16,256,4096] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from vllm_ir.timing import machine_summary, time_call
+
+EPS = 1e-6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--tokens", default="1,16,256,4096")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    import vllm_ir_provider_vllm_c
+
+    if not vllm_ir_provider_vllm_c.STATUS.loaded:
+        raise SystemExit(f"vllm_c is not available: {vllm_ir_provider_vllm_c.STATUS.reason}")
+    print(machine_summary())
+    print(
+        f"torch threads {torch.get_num_threads()} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
+        f"vllm_c CPU variant {vllm_ir_provider_vllm_c.cpu_capability()}"
+    )
+    print(f"bf16 [T, {args.hidden}] -> float8_e4m3fn, median us per call (best of {args.rounds} rounds)")
+    names = ("norm+st", "fused st", "add+st", "f.add st", "norm+dyn", "f.dyn")
+    print(f"{'T':>5} " + " ".join(f"{n:>9}" for n in names) + f" | {'st x':>5} {'add x':>5} {'dyn x':>5}")
+    for t in (int(s) for s in args.tokens.split(",")):
+        _row(t, args)
+
+
+def _row(t: int, args: argparse.Namespace) -> None:
+    c = torch.ops.vllm_ir_c
+    g = torch.Generator().manual_seed(t)
+    h = args.hidden
+    x = torch.randn(t, h, generator=g).bfloat16()
+    r = torch.randn(t, h, generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(h, generator=g)).bfloat16()
+    scale = torch.tensor([0.02])
+    y = torch.empty_like(x)
+    r_out = torch.empty_like(x)
+    q = torch.empty(t, h, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(t, 1)
+    calls = {
+        "norm+st": lambda: (c.rms_norm(y, x, w, EPS), c.static_quant_fp8(q, y, scale)),
+        "fused st": lambda: c.rms_norm_static_fp8_quant(q, x, w, scale, EPS),
+        "add+st": lambda: (c.fused_add_rms_norm_out(y, r_out, x, r, w, EPS), c.static_quant_fp8(q, y, scale)),
+        "f.add st": lambda: c.fused_add_rms_norm_static_fp8_quant(q, r_out, x, r, w, scale, EPS),
+        "norm+dyn": lambda: (c.rms_norm(y, x, w, EPS), c.dynamic_quant_fp8(q, scales, y, None, True)),
+        "f.dyn": lambda: c.rms_norm_dynamic_per_token_fp8_quant(q, scales, None, x, None, w, None, EPS),
+    }
+    repeats = max(5, min(200, 2_000_000 // max(t * h, 1)))
+    best: dict[str, float] = {}
+    for _ in range(args.rounds):
+        for name, fn in calls.items():
+            m = time_call(fn, warmup=3, repeats=repeats).median_us
+            best[name] = min(best.get(name, float("inf")), m)
+    ratios = (
+        best["norm+st"] / best["fused st"],
+        best["add+st"] / best["f.add st"],
+        best["norm+dyn"] / best["f.dyn"],
+    )
+    print(f"{t:>5} " + " ".join(f"{best[n]:9.1f}" for n in calls) + " | " + " ".join(f"{v:5.2f}" for v in ratios))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""RMSNorm / SwiGLU fused with FP8 quantization: the targets of the norm+quant fusions.
+
+Each op's native function is exactly the composition of the existing ops' native functions
+(shared/OPS.md 4.7): the norm (or activation) result is rounded to the model dtype, then
+quantized as `static_quant_fp8` / `dynamic_quant_fp8` would, so a fusion that rewrites
+``quant(norm(x))`` into one of these ops never changes a value under the native provider.
+A kernel keeps the intermediate in registers instead of writing it and reading it back.
+
+Residual variants update the residual in the model dtype (``x + residual`` rounded once, as
+`fused_add_rms_norm` returns it); ``maybe_inplace`` lets a kernel write it into
+``x_residual``. The quantized output is compared by dequantized value (fp8 rounding of a
+value a kernel computes in a different order may move one fp8 step).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from vllm_ir.ir.comparison import Comparison
+from vllm_ir.ir.declarations.activation import silu_and_mul
+from vllm_ir.ir.declarations.layernorm import fused_add_rms_norm, rms_norm
+from vllm_ir.ir.declarations.quant import (
+    _activation,
+    _dequantize_dynamic,
+    _dequantize_static,
+    _floor,
+    broadcast_scale,
+    dynamic_quant_fp8,
+    fp8_max,
+    static_quant_fp8,
+)
+from vllm_ir.ir.op import register_op
+
+
+@register_op
+def rms_norm_static_fp8_quant(
+    x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+) -> Tensor:
+    """``static_quant_fp8(rms_norm(x, weight, epsilon), scale, fp8_dtype)``."""
+    return static_quant_fp8.fn(rms_norm.fn(x, weight, epsilon), scale, fp8_dtype)
+
+
+@register_op(allow_inplace=True, activations=("x", "x_residual"))
+def fused_add_rms_norm_static_fp8_quant(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """``(static_quant_fp8(y), residual)`` where ``y, residual = fused_add_rms_norm(x, x_residual, ...)``.
+
+    The new residual is in x's dtype; ``maybe_inplace`` may write it into ``x_residual``.
+    """
+    y, residual = fused_add_rms_norm.fn(x, x_residual, weight, epsilon)
+    return static_quant_fp8.fn(y, scale, fp8_dtype), residual
+
+
+@register_op(allow_inplace=True, activations=("x", "x_residual"))
+def rms_norm_dynamic_per_token_fp8_quant(
+    x: Tensor,
+    x_residual: Tensor | None,
+    weight: Tensor | None,
+    epsilon: float,
+    fp8_dtype: torch.dtype,
+    scale_ub: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(q, scale, residual)``: `rms_norm` (or `fused_add_rms_norm` when ``x_residual`` is
+    given) then per-token `dynamic_quant_fp8` with ``scale_ub``; ``residual`` is None without
+    ``x_residual``, else the new residual (``maybe_inplace`` may write it into ``x_residual``)."""
+    if x_residual is None:
+        y, residual = rms_norm.fn(x, weight, epsilon), None
+    else:
+        y, residual = fused_add_rms_norm.fn(x, x_residual, weight, epsilon)
+    q, scale = dynamic_quant_fp8.fn(y, True, fp8_dtype, scale_ub)
+    return q, scale, residual
+
+
+@register_op
+def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
+    """``static_quant_fp8(silu_and_mul(x), scale, fp8_dtype)``."""
+    return static_quant_fp8.fn(silu_and_mul.fn(x), scale, fp8_dtype)
+
+
+FUSED_QUANT_OPS = (
+    rms_norm_static_fp8_quant,
+    fused_add_rms_norm_static_fp8_quant,
+    rms_norm_dynamic_per_token_fp8_quant,
+    silu_and_mul_static_fp8_quant,
+)
+
+
+# -- test inputs and comparison --------------------------------------------------------------
+
+
+def _weight(hidden: int, dtype: torch.dtype, device: torch.device, g: torch.Generator, options: dict) -> Tensor | None:
+    if not options.get("with_weight", True):
+        return None
+    w = 1.0 + 0.1 * torch.randn(hidden, generator=g, dtype=torch.float32)
+    return w.to(device=device, dtype=options.get("weight_dtype") or dtype)
+
+
+def _static_scale(y: Tensor, fp8_dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A per-tensor scale 1.25x the absmax of the value to quantize (no clamping)."""
+    m = y.to(torch.float32).abs().amax() if y.numel() else torch.ones(())
+    return (m.clamp(min=1e-3) * 1.25 / fp8_max(fp8_dtype, "fused quant")).reshape(1).to(device)
+
+
+def _norm_static_inputs(with_residual: bool):
+    def generate(
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        epsilon: float = 1e-6,
+        fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+        seed: int = 0,
+        **options: object,
+    ) -> tuple:
+        g = torch.Generator().manual_seed(seed)
+        x = _activation(shape, dtype, device, g)
+        residual = _activation(shape, dtype, device, g) if with_residual else None
+        weight = _weight(shape[-1], dtype, device, g, options)
+        if residual is None:
+            y = rms_norm.fn(x, weight, epsilon)
+            return x, weight, epsilon, _static_scale(y, fp8_dtype, device), fp8_dtype
+        y, _ = fused_add_rms_norm.fn(x, residual, weight, epsilon)
+        return x, residual, weight, epsilon, _static_scale(y, fp8_dtype, device), fp8_dtype
+
+    return generate
+
+
+def _norm_dynamic_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    epsilon: float = 1e-6,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    with_residual: bool = True,
+    scale_ub: float | None = None,
+    seed: int = 0,
+    **options: object,
+) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    x = _activation(shape, dtype, device, g)
+    residual = _activation(shape, dtype, device, g) if with_residual else None
+    weight = _weight(shape[-1], dtype, device, g, options)
+    ub = None if scale_ub is None else torch.tensor([scale_ub], dtype=torch.float32, device=device)
+    return x, residual, weight, epsilon, fp8_dtype, ub
+
+
+def _silu_static_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    seed: int = 0,
+) -> tuple:
+    """``x`` of shape ``[*shape[:-1], 2 * shape[-1]]`` (``shape`` names the output), ~ N(0, 2)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (2.0 * torch.randn((*shape[:-1], 2 * shape[-1]), generator=g, dtype=torch.float32)).to(device, dtype)
+    return x, _static_scale(silu_and_mul.fn(x), fp8_dtype, device), fp8_dtype
+
+
+rms_norm_static_fp8_quant.input_generator(_norm_static_inputs(with_residual=False))
+fused_add_rms_norm_static_fp8_quant.input_generator(_norm_static_inputs(with_residual=True))
+rms_norm_dynamic_per_token_fp8_quant.input_generator(_norm_dynamic_inputs)
+silu_and_mul_static_fp8_quant.input_generator(_silu_static_inputs)
+
+for _op in (rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant, rms_norm_dynamic_per_token_fp8_quant):
+    _op.add_input_variant("fp32_weight", weight_dtype=torch.float32)
+    _op.add_input_variant("no_weight", with_weight=False)
+    _op.add_input_variant("eps_1e_5", epsilon=1e-5)
+    _op.add_input_variant("e4m3fnuz", fp8_dtype=torch.float8_e4m3fnuz)
+rms_norm_dynamic_per_token_fp8_quant.add_input_variant("no_residual", with_residual=False)
+rms_norm_dynamic_per_token_fp8_quant.add_input_variant("scale_ub", scale_ub=0.5)
+rms_norm_dynamic_per_token_fp8_quant.add_input_variant("no_residual_scale_ub", with_residual=False, scale_ub=0.5)
+silu_and_mul_static_fp8_quant.add_input_variant("e4m3fnuz", fp8_dtype=torch.float8_e4m3fnuz)
+
+
+def _dequantize_norm_static(args: tuple, outputs: tuple) -> Tensor:
+    x, scale = args[0], args[-2]
+    return _dequantize_static((x, scale), outputs)
+
+
+def _dequantize_norm_dynamic(args: tuple, outputs: tuple) -> Tensor:
+    return _dequantize_dynamic(args, outputs[:2])
+
+
+def _normed(args: tuple) -> Tensor:
+    """The unquantized value of a norm op: what its q * scale approximates."""
+    if len(args) == 5:  # rms_norm_static_fp8_quant
+        x, weight, epsilon = args[:3]
+        return rms_norm.fn(x, weight, epsilon)
+    if isinstance(args[4], Tensor):  # fused_add_rms_norm_static_fp8_quant
+        x, residual, weight, epsilon = args[:4]
+    else:  # rms_norm_dynamic_per_token_fp8_quant
+        x, residual, weight, epsilon = args[:4]
+        if residual is None:
+            return rms_norm.fn(x, weight, epsilon)
+    return fused_add_rms_norm.fn(x, residual, weight, epsilon)[0]
+
+
+for _op in (rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant):
+    _op.set_comparison(Comparison.dequantized(quantized=(0,), dequantize=_dequantize_norm_static, reference=_normed))
+silu_and_mul_static_fp8_quant.set_comparison(
+    Comparison.dequantized(
+        quantized=(0,),
+        dequantize=lambda args, outputs: outputs[0].to(torch.float32) * broadcast_scale(args[1], outputs[0]),
+        reference=lambda args: silu_and_mul.fn(args[0]),
+    )
+)
+rms_norm_dynamic_per_token_fp8_quant.set_comparison(
+    Comparison.dequantized(
+        quantized=(0,), scales=(1,), dequantize=_dequantize_norm_dynamic, scale_floor=_floor, reference=_normed
+    )
+)

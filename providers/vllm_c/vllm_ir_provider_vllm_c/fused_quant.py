@@ -1,0 +1,223 @@
+"""RMSNorm / SwiGLU fused with FP8 quant: ``rms_norm_static_fp8_quant``,
+``fused_add_rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_fp8_quant`` and
+``silu_and_mul_static_fp8_quant`` (csrc/cpu/fused_quant.cpp, numerics in csrc/fused_quant.h;
+CPU only).
+
+One pass over each row's memory: norm, weight, scale and fp8 encoding in registers, from the
+same building blocks as the norm and quant kernels (csrc/cpu/norm_vec.h, fp8_vec.h), so the
+results round where native rounds (the sum of squares is summed in another order, see below).
+``fused_add_rms_norm_static_fp8_quant`` and the dynamic op with a residual also register an
+in-place form (``maybe_inplace``) that writes the new residual into ``x_residual``.
+
+The predicates read dtypes, devices, ranks, the hidden size, the last dimension's stride and
+the static scale's element count (the scale is no token parameter: its whole shape keys the
+decision cache), never the token count or values. They decline what native handles and the
+kernels do not: other dtypes, a weight of a third dtype, per-token / per-channel / group
+static scales, non-CPU devices (no CUDA kernels yet), fp8 dtypes other than e4m3fn/e4m3fnuz.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir import Unsupported
+
+from ._extension import PROVIDER, ExtensionStatus, compile_facts, supported, torch_op
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def register(status: ExtensionStatus) -> None:
+    """Register the implementations; unsupported with the load failure's reason if not loaded."""
+    if status.loaded:
+        _register_fakes()
+    static_kernel = torch_op(status, "rms_norm_static_fp8_quant")
+    add_static_kernel = torch_op(status, "fused_add_rms_norm_static_fp8_quant")
+    dynamic_kernel = torch_op(status, "rms_norm_dynamic_per_token_fp8_quant")
+    silu_kernel = torch_op(status, "silu_and_mul_static_fp8_quant")
+    # Each row is computed from its own values in a fixed order whatever the batch. Not exact:
+    # the sum of squares is vectorized (another summation order than native's mean), which can
+    # move the inverse RMS by an ulp; bf16/fp16 rounding and fp8 encoding usually hide it, but
+    # a float32 row's dynamic scale shows it.
+    options = {
+        "supported": supported(status),
+        "batch_invariant": True,
+        "compile_facts": compile_facts(status),
+    }
+
+    def supports_static(
+        x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+    ) -> bool | Unsupported:
+        return _first(_common(x, None, weight, fp8_dtype), _static_scale(x, scale))
+
+    def supports_add_static(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+    ) -> bool | Unsupported:
+        return _first(_common(x, x_residual, weight, fp8_dtype), _static_scale(x, scale))
+
+    def supports_dynamic(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        fp8_dtype: torch.dtype,
+        scale_ub: Tensor | None = None,
+    ) -> bool | Unsupported:
+        verdict = _common(x, x_residual, weight, fp8_dtype)
+        if verdict is None and scale_ub is not None:
+            if scale_ub.dtype != torch.float32 or scale_ub.device != x.device or scale_ub.numel() != 1:
+                verdict = Unsupported(
+                    f"scale_ub must be one float32 element on x's device, got {scale_ub.dtype} "
+                    f"{list(scale_ub.shape)} on {scale_ub.device}"
+                )
+            elif scale_ub.dim() > 1:
+                verdict = Unsupported(f"scale_ub is {scale_ub.dim()}-D (native broadcasts the scale's shape to it)")
+        return True if verdict is None else verdict
+
+    def supports_silu(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> bool | Unsupported:
+        verdict = _common(x, None, None, fp8_dtype)
+        if verdict is None and x.shape[-1] % 2:
+            verdict = Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
+        return _first(verdict, _static_scale(x, scale))
+
+    @vllm_ir.ops.silu_and_mul_static_fp8_quant.register_impl(PROVIDER, supports_args=supports_silu, **options)
+    def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
+        out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=fp8_dtype, device=x.device)
+        silu_kernel(out, x, scale)
+        return out
+
+    @vllm_ir.ops.rms_norm_static_fp8_quant.register_impl(PROVIDER, supports_args=supports_static, **options)
+    def rms_norm_static_fp8_quant(
+        x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+    ) -> Tensor:
+        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+        static_kernel(out, x, weight, scale, epsilon)
+        return out
+
+    add_options = {"supports_args": supports_add_static, **options}
+
+    @vllm_ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(PROVIDER, **add_options)
+    def fused_add_rms_norm_static_fp8_quant(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+        residual = torch.empty_like(x)
+        add_static_kernel(out, residual, x, x_residual, weight, scale, epsilon)
+        return out, residual
+
+    @vllm_ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(PROVIDER, inplace=True, **add_options)
+    def fused_add_rms_norm_static_fp8_quant_inplace(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        # The new residual goes into x_residual; q has its own (fp8) buffer.
+        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+        add_static_kernel(out, x_residual, x, x_residual, weight, scale, epsilon)
+        return out, x_residual
+
+    dynamic_options = {"supports_args": supports_dynamic, **options}
+
+    def dynamic(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        fp8_dtype: torch.dtype,
+        scale_ub: Tensor | None,
+        in_place: bool,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+        scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+        residual = None if x_residual is None else (x_residual if in_place else torch.empty_like(x))
+        dynamic_kernel(out, scales, residual, x, x_residual, weight, scale_ub, epsilon)
+        return out, scales, residual
+
+    @vllm_ir.ops.rms_norm_dynamic_per_token_fp8_quant.register_impl(PROVIDER, **dynamic_options)
+    def rms_norm_dynamic_per_token_fp8_quant(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        fp8_dtype: torch.dtype,
+        scale_ub: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return dynamic(x, x_residual, weight, epsilon, fp8_dtype, scale_ub, in_place=False)
+
+    @vllm_ir.ops.rms_norm_dynamic_per_token_fp8_quant.register_impl(PROVIDER, inplace=True, **dynamic_options)
+    def rms_norm_dynamic_per_token_fp8_quant_inplace(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        fp8_dtype: torch.dtype,
+        scale_ub: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return dynamic(x, x_residual, weight, epsilon, fp8_dtype, scale_ub, in_place=True)
+
+
+def _register_fakes() -> None:
+    """Fake kernels: the ops only write their ``(a!)``/``(b!)``/``(c!)`` arguments."""
+
+    @torch.library.register_fake("vllm_ir_c::rms_norm_static_fp8_quant")
+    def _static_fake(out, input, weight, scale, epsilon):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::fused_add_rms_norm_static_fp8_quant")
+    def _add_static_fake(out, residual_out, input, residual, weight, scale, epsilon):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::rms_norm_dynamic_per_token_fp8_quant")
+    def _dynamic_fake(out, scales, residual_out, input, residual, weight, scale_ub, epsilon):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::silu_and_mul_static_fp8_quant")
+    def _silu_fake(out, input, scale):
+        return None
+
+
+def _first(*verdicts: Unsupported | None) -> bool | Unsupported:
+    for verdict in verdicts:
+        if verdict is not None:
+            return verdict
+    return True
+
+
+def _common(x: Tensor, x_residual: Tensor | None, weight: Tensor | None, fp8_dtype: torch.dtype) -> Unsupported | None:
+    if fp8_dtype not in FP8_DTYPES:
+        return Unsupported(f"fp8_dtype {fp8_dtype} is not supported (float8_e4m3fn, float8_e4m3fnuz)")
+    if x.dtype not in DTYPES:
+        return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
+    if x.device.type != "cpu":
+        return Unsupported(f"device {x.device.type} is not supported (the fused kernels are CPU only)")
+    if x.dim() == 0:
+        return Unsupported("x is 0-d (the kernels normalize over a last dimension)")
+    if x.stride(-1) != 1 and x.size(-1) != 1:
+        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
+    if x_residual is not None:
+        if x_residual.dtype != x.dtype or x_residual.device != x.device or x_residual.shape != x.shape:
+            return Unsupported(
+                f"x_residual ({x_residual.dtype}, {list(x_residual.shape)}, {x_residual.device}) differs from x "
+                f"({x.dtype}, {list(x.shape)}, {x.device}) (native broadcasts and promotes; the kernels do not)"
+            )
+        if x_residual.stride(-1) != 1 and x_residual.size(-1) != 1:
+            return Unsupported(f"x_residual has stride {x_residual.stride(-1)} along the last dimension (need 1)")
+    if weight is not None:
+        if weight.dtype not in (x.dtype, torch.float32):
+            return Unsupported(f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32")
+        if weight.device != x.device:
+            return Unsupported(f"weight is on {weight.device}, x on {x.device}")
+        if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+            return Unsupported(f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (native broadcasts)")
+    return None
+
+
+def _static_scale(x: Tensor, scale: Tensor) -> Unsupported | None:
+    if scale.dtype != torch.float32 or scale.device != x.device:
+        return Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
+    if scale.numel() != 1:
+        return Unsupported(
+            f"scale of shape {list(scale.shape)}: the fused kernels take a per-tensor scale (one element)"
+        )
+    return None
