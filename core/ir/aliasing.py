@@ -14,7 +14,7 @@ Anything the check cannot prove disjoint counts as a conflict.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -76,22 +76,7 @@ def precise_donation_conflict(
 
     Run only where the quick check reported a conflict, so the common call pays nothing for it.
     """
-
-    def tensor_at(i: int) -> torch.Tensor | None:
-        value = args[i]
-        return value if i in tensors and isinstance(value, torch.Tensor) and value.numel() else None
-
-    for i in donated:
-        a = tensor_at(i)
-        if a is None:
-            continue
-        if may_self_overlap(a):
-            return i, i
-        for j in range(len(args)):
-            b = None if j == i else tensor_at(j)
-            if b is not None and may_share_memory(a, b) and not disjoint_rows(a, b):
-                return i, j
-    return None
+    return _first_conflict(donated, tensors, args, lambda a, b: may_share_memory(a, b) and not disjoint_rows(a, b))
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
@@ -102,7 +87,15 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
 
 def donation_conflict(donated: Sequence[int], tensors: Sequence[int], args: Sequence[Any]) -> tuple[int, int] | None:
     """``(i, j)`` when donated argument ``i`` overlaps itself (``j == i``) or tensor argument ``j``."""
+    return _first_conflict(donated, tensors, args, may_share_memory)
 
+
+def _first_conflict(
+    donated: Sequence[int],
+    tensors: Sequence[int],
+    args: Sequence[Any],
+    overlap: Callable[[torch.Tensor, torch.Tensor], bool],
+) -> tuple[int, int] | None:
     def tensor_at(i: int) -> torch.Tensor | None:
         value = args[i]
         return value if i in tensors and isinstance(value, torch.Tensor) and value.numel() else None
@@ -115,6 +108,6 @@ def donation_conflict(donated: Sequence[int], tensors: Sequence[int], args: Sequ
             return i, i
         for j in range(len(args)):
             b = None if j == i else tensor_at(j)
-            if b is not None and may_share_memory(a, b):
+            if b is not None and overlap(a, b):
                 return i, j
     return None
