@@ -56,8 +56,10 @@ def test_a_noisy_figure_is_re_measured_then_flagged():
     rng = random.Random(0)
 
     def jittery():
+        # 20 ms, far above what preemption adds on a busy machine: which calls sleep (seeded)
+        # decides the spread, not the machine's load.
         if rng.random() < 0.5:
-            time.sleep(0.002)
+            time.sleep(0.02)
 
     spreads = bench.measure_rounds(
         {"steady": lambda: None, "jittery": jittery}, torch.device("cpu"), repeats=3, rounds=5
