@@ -133,3 +133,16 @@ def test_report_records_failures_and_an_unwritable_report_is_a_usage_error(site,
     assert all("x the tolerance" in f["message"] for f in rms["failures"] if f["check"] == "numerics")
     bad = kit(site, tmp_path, "--vllm-ir-provider", "tp_kit_wrong", "--vllm-ir-report", str(tmp_path / "no" / "r.json"))
     assert bad.returncode == pytest.ExitCode.USAGE_ERROR and "--vllm-ir-report: cannot write" in bad.stderr
+
+
+def test_a_device_this_torch_lacks_ran_nothing_and_a_malformed_one_is_a_usage_error(site, tmp_path):
+    report = tmp_path / "r.json"
+    result = kit(site, tmp_path, "--vllm-ir-provider", "tp_kit_picky", "--vllm-ir-device", "cuda", *FAST,
+                 "-k", "numerics and not property", "--vllm-ir-report", str(report))  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "tp_kit_picky ran 0 case(s)" in result.stdout
+    assert "skipped because: device 'cuda' is not available to this torch" in result.stdout
+    data = json.loads(report.read_text())
+    assert data["device"] == "cuda" and data["providers"]["tp_kit_picky"]["ran_nothing"] is True
+    bad = kit(site, tmp_path, "--vllm-ir-provider", "tp_kit_picky", "--vllm-ir-device", "cudaa", *FAST)
+    assert bad.returncode == pytest.ExitCode.USAGE_ERROR and "--vllm-ir-device 'cudaa'" in bad.stderr

@@ -250,14 +250,14 @@ def check_numerics(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") ->
     return outcome
 
 
-def check_predicate_hygiene(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+def check_predicate_hygiene(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") -> None:
     """Plain bool or reasoned refusal on real, fake and symbolic inputs; independent of batch size."""
     if impl.supports_args is None:
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    args = case.make_args(op)
+    args = case.make_args(op, device)
     real = _verdict(impl, args)
     for label, mode in (("fake", FakeTensorMode()), ("symbolic", FakeTensorMode(shape_env=ShapeEnv()))):
         fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
@@ -268,22 +268,22 @@ def check_predicate_hygiene(op: IrOp, impl: IrOpImpl, case: Case) -> None:
         )
     for tokens in (1, 7, 64):
         other = Case((tokens, *case.shape[1:]), case.dtype, case.variant, case.options, case.row_padding, case.seed)
-        verdict = _verdict(impl, other.make_args(op))
+        verdict = _verdict(impl, other.make_args(op, device))
         assert _same(verdict, real), (
             f"{_who(op, impl, case)}: supports_args depends on the batch size "
             f"({case.shape[0]} tokens: {real!r}, {tokens} tokens: {verdict!r})"
         )
-    _check_cached_across_token_counts(op, impl, case)
+    _check_cached_across_token_counts(op, impl, case, device)
 
 
-def _check_cached_across_token_counts(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+def _check_cached_across_token_counts(op: IrOp, impl: IrOpImpl, case: Case, device: str) -> None:
     """Calls with a cached decision run what the predicate says for each call."""
     vllm_ir.reset_dispatch_stats()
     with vllm_ir.priority(**{op.name: [impl.provider]}), warnings.catch_warnings():
         warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
         for tokens in (1, 3, 7):
             other = Case((tokens, *case.shape[1:]), case.dtype, case.variant, case.options, case.row_padding)
-            args = other.make_args(op)
+            args = other.make_args(op, device)
             declined = not _verdict(impl, args)
             before = vllm_ir.dispatch_stats().get(op.name, {}).get(impl.provider, {})
             op(*args)
@@ -296,7 +296,7 @@ def _check_cached_across_token_counts(op: IrOp, impl: IrOpImpl, case: Case) -> N
             )
 
 
-def check_cache_agreement(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+def check_cache_agreement(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") -> None:
     """A call answered from the decision cache runs what its predicates choose, over every key fact.
 
     With priority [provider, native], a base call fills the cache; then for each call that
@@ -304,7 +304,7 @@ def check_cache_agreement(op: IrOp, impl: IrOpImpl, case: Case) -> None:
     rank, None vs tensor, a dtype, the device, a scalar) ``op.cached_dispatch`` must equal
     the uncached ``op.dispatch``, twice, and the base call must still agree afterwards.
     """
-    base = case.make_args(op)
+    base = case.make_args(op, device)
     who = _who(op, impl, case)
     with vllm_ir.priority(**{op.name: [impl.provider]}), warnings.catch_warnings():
         warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
@@ -342,12 +342,12 @@ def _agree(a: str, b: str) -> bool:
     return a == b or (a.startswith("an error") and b.startswith("an error"))
 
 
-def check_odd_input(op: IrOp, impl: IrOpImpl, dtype: torch.dtype, label: str) -> Outcome:
+def check_odd_input(op: IrOp, impl: IrOpImpl, dtype: torch.dtype, label: str, device: str = "cpu") -> Outcome:
     """On a call that is odd but legal for native (`odd_inputs`), decline or match native; never raise.
 
     Where native raises, the implementation must decline or raise too: such a call has no result.
     """
-    args = dict(odd_inputs(op, dtype))[label]
+    args = dict(odd_inputs(op, dtype, device))[label]
     case = Case(BASE_SHAPE, tolerance_dtype(args), f"odd input: {label}")
     who = f"op {op.name!r}, provider {impl.provider!r}, {_name(dtype)} call with {label}"
     try:
@@ -358,7 +358,7 @@ def check_odd_input(op: IrOp, impl: IrOpImpl, dtype: torch.dtype, label: str) ->
     with vllm_ir.priority(**{op.name: [impl.provider]}), warnings.catch_warnings():
         warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
         # The call the odd one is derived from is cached first: the odd call must not reuse its decision.
-        op.cached_dispatch(*op.generate_inputs(BASE_SHAPE, dtype))
+        op.cached_dispatch(*op.generate_inputs(BASE_SHAPE, dtype, device))
         cached, uncached = _choice(op.cached_dispatch, args), _choice(op.dispatch, args)
         assert _agree(cached, uncached), (
             f"{who}: after a plain {list(BASE_SHAPE)} call, the decision cache answers {cached} but the "
@@ -402,9 +402,9 @@ def _same(a: bool | Unsupported, b: bool | Unsupported) -> bool:
     return bool(a) == bool(b) and reason_of(a, "") == reason_of(b, "")
 
 
-def check_overloads(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+def check_overloads(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") -> None:
     """Default leaves inputs untouched and returns fresh tensors; maybe_inplace matches and aliases."""
-    args = case.make_args(op)
+    args = case.make_args(op, device)
     if not _verdict(impl, args):
         return
     originals = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
@@ -431,10 +431,18 @@ def check_overloads(op: IrOp, impl: IrOpImpl, case: Case) -> None:
             f"{_who(op, impl, case)}: an in-place implementation must return the donated buffers; "
             f"{len(aliased)} of {len(outputs)} outputs alias an activation"
         )
-        _check_no_new_allocations(op, impl, case)
+        _check_no_new_allocations(op, impl, case, device)
 
 
-def _bytes_allocated(fn: Any) -> int:
+def _bytes_allocated(fn: Any, device: str) -> int:
+    """Bytes ``fn`` allocates on ``device``: the profiler's CPU allocations, the CUDA allocator's peak."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -442,36 +450,36 @@ def _bytes_allocated(fn: Any) -> int:
     return sum(e.cpu_memory_usage for e in prof.events() if e.cpu_parent is None and e.cpu_memory_usage > 0)
 
 
-def _check_no_new_allocations(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+def _check_no_new_allocations(op: IrOp, impl: IrOpImpl, case: Case, device: str) -> None:
     """maybe_inplace allocates nothing activation-sized (per-row statistics are fine)."""
     if case.row_padding or case.shape[0] == 0:
         return
-    fresh = [case.make_args(op) for _ in range(2)]
+    fresh = [case.make_args(op, device) for _ in range(2)]
     smallest = min(fresh[1][i].nbytes for i in op.activation_indices if fresh[1][i] is not None)
     with vllm_ir.priority(**{op.name: [impl.provider]}):
         op.maybe_inplace(*fresh[0])  # warm the decision cache
-        allocated = _bytes_allocated(lambda: op.maybe_inplace(*fresh[1]))
+        allocated = _bytes_allocated(lambda: op.maybe_inplace(*fresh[1]), device)
     assert allocated < smallest, (
         f"{_who(op, impl, case)}: maybe_inplace allocated {allocated} bytes; an activation is {smallest}"
     )
 
 
-def check_opcheck(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+def check_opcheck(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") -> None:
     """``torch.library.opcheck`` of the IR op (schema, fake, AOT dispatch) with this implementation selected."""
-    args = case.make_args(op)
+    args = case.make_args(op, device)
     if not _verdict(impl, args):
         return
     with vllm_ir.priority(**{op.name: [impl.provider]}):
         torch.library.opcheck(op.torch_op.default, args)
 
 
-def check_compiled(op: IrOp, impl: IrOpImpl, case: Case) -> None:
+def check_compiled(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") -> None:
     """Under ``vllm_ir.compile`` the lowering selects what eager dispatch selects, with the same values."""
     import types
 
     from vllm_ir import passes
 
-    args = case.make_args(op)
+    args = case.make_args(op, device)
     if not _verdict(impl, args):
         return
     tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

@@ -23,5 +23,6 @@ for _provider in _providers():
             small=_config.getoption("--vllm-ir-small"),
             examples=_config.getoption("--vllm-ir-examples"),
             compiled="--vllm-ir-skip-compile given" if _config.getoption("--vllm-ir-skip-compile") else True,
+            device=_config.getoption("--vllm-ir-device"),
         )
     )

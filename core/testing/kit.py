@@ -7,7 +7,7 @@ In a provider's own test suite::
 
 or from the command line for any installed provider::
 
-    pytest --vllm-ir-conformance --vllm-ir-provider vllm_c
+    pytest --vllm-ir-conformance --vllm-ir-provider vllm_c [--vllm-ir-device cuda]
 """
 
 from __future__ import annotations
@@ -52,23 +52,39 @@ def _resolve(op_name: str, provider: str) -> tuple[IrOp, IrOpImpl]:
     return op, impl
 
 
-def claims(op: IrOp, impl: IrOpImpl, dtype: torch.dtype) -> bool:
+def device_unavailable(device: str) -> str | None:
+    """Why the kit cannot run on ``device`` here (its tests then skip with this reason), or None."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        return f"device {device!r}: {exc}"
+    if kind == "cpu":
+        return None
+    module = getattr(torch, kind, None)
+    if module is None or not hasattr(module, "is_available") or not module.is_available():
+        return f"device {device!r} is not available to this torch ({torch.__version__})"
+    return None
+
+
+def claims(op: IrOp, impl: IrOpImpl, dtype: torch.dtype, device: str = "cpu") -> bool:
     """Whether ``impl`` accepts a plain [3, 64] call in ``dtype`` (then the kit must test that dtype).
 
     A predicate that raises counts as claiming it, so that the tests report the error.
     """
-    if not impl.supported:
+    if not impl.supported or device_unavailable(device):
         return False
-    args = Case((3, 64), dtype).make_args(op)
+    args = Case((3, 64), dtype).make_args(op, device)
     try:
         return impl.supports_args is None or bool(impl.supports_args(*args))
     except Exception:
         return True
 
 
-def _dtypes_of(op: IrOp, impl: IrOpImpl, dtypes: tuple[torch.dtype, ...]) -> tuple[torch.dtype, ...]:
+def _dtypes_of(
+    op: IrOp, impl: IrOpImpl, dtypes: tuple[torch.dtype, ...], device: str
+) -> tuple[torch.dtype, ...]:
     """``dtypes``, plus float64 where the implementation claims it."""
-    if torch.float64 not in dtypes and claims(op, impl, torch.float64):
+    if torch.float64 not in dtypes and claims(op, impl, torch.float64, device):
         return (*dtypes, torch.float64)
     return dtypes
 
@@ -80,6 +96,7 @@ def conformance_tests(
     examples: int = 20,
     dtypes: tuple[torch.dtype, ...] = DTYPES,
     compiled: bool | str = True,
+    device: str = "cpu",
 ) -> dict[str, Callable[..., Any]]:
     """pytest test functions that check every implementation of ``provider`` against its op.
 
@@ -88,10 +105,12 @@ def conformance_tests(
     :param dtypes: activation dtypes to cover (each one costs a compile for compiling providers);
         float64 is added for implementations whose predicate accepts float64 calls.
     :param compiled: check eager vs ``vllm_ir.compile``; a string skips that check with the string as reason.
+    :param device: where the inputs live (``"cuda"`` for a GPU provider); every test skips, with
+        the reason, where this torch has no such device.
     """
     impls = provider_impls(provider)
     ops = [vllm_ir.ops.__getattr__(i.op_name) for i in impls]
-    op_dtypes = {i.op_name: _dtypes_of(op, i, dtypes) for op, i in zip(ops, impls, strict=True)}
+    op_dtypes = {i.op_name: _dtypes_of(op, i, dtypes, device) for op, i in zip(ops, impls, strict=True)}
     grid_params = [
         pytest.param(op.name, case, id=f"{op.name}-{case.id}")
         for op in ops
@@ -113,54 +132,60 @@ def conformance_tests(
         pytest.param(op.name, dtype, label, id=f"{op.name}-{str(dtype).removeprefix('torch.')}-{label}")
         for op in ops
         for dtype in op_dtypes[op.name]
-        for label, _args in odd_inputs(op, dtype)
+        for label, _args in odd_inputs(op, dtype)  # labels only: the same on every device
     ]
     op_params = [pytest.param(op.name, id=op.name) for op in ops]
 
+    def resolve(op_name: str) -> tuple[IrOp, IrOpImpl]:
+        unavailable = device_unavailable(device)
+        if unavailable:
+            pytest.skip(unavailable)
+        return _resolve(op_name, provider)
+
     @pytest.mark.parametrize(("op_name", "case"), grid_params)
     def test_numerics(op_name: str, case: Case) -> None:
-        checks.check_numerics(*_resolve(op_name, provider), case)
+        checks.check_numerics(*resolve(op_name), case, device)
 
     @pytest.mark.parametrize("op_name", op_params)
     def test_numerics_property(op_name: str) -> None:
         from hypothesis import HealthCheck, given, settings
 
-        op, impl = _resolve(op_name, provider)
+        op, impl = resolve(op_name)
 
         @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(property_strategy(op, small=small, dtypes=op_dtypes[op_name]))
         def run(case: Case) -> None:
-            checks.check_numerics(op, impl, case)
+            checks.check_numerics(op, impl, case, device)
 
         run()
 
     @pytest.mark.parametrize(("op_name", "case"), focused)
     def test_predicate_hygiene(op_name: str, case: Case) -> None:
-        checks.check_predicate_hygiene(*_resolve(op_name, provider), case)
+        checks.check_predicate_hygiene(*resolve(op_name), case, device)
 
     @pytest.mark.parametrize(("op_name", "case"), cache_params)
     def test_cache_agreement(op_name: str, case: Case) -> None:
-        checks.check_cache_agreement(*_resolve(op_name, provider), case)
+        checks.check_cache_agreement(*resolve(op_name), case, device)
 
     @pytest.mark.parametrize(("op_name", "dtype", "label"), odd_params)
     def test_odd_inputs(op_name: str, dtype: torch.dtype, label: str) -> None:
-        checks.check_odd_input(*_resolve(op_name, provider), dtype, label)
+        checks.check_odd_input(*resolve(op_name), dtype, label, device)
 
     @pytest.mark.parametrize(("op_name", "case"), focused)
     def test_overload_semantics(op_name: str, case: Case) -> None:
-        checks.check_overloads(*_resolve(op_name, provider), case)
+        checks.check_overloads(*resolve(op_name), case, device)
 
     @pytest.mark.parametrize("op_name", op_params)
     def test_opcheck(op_name: str) -> None:
-        op, impl = _resolve(op_name, provider)
-        checks.check_opcheck(op, impl, Case((3, 64), torch.float32))
+        op, impl = resolve(op_name)
+        checks.check_opcheck(op, impl, Case((3, 64), torch.float32), device)
 
     @pytest.mark.parametrize("op_name", op_params)
     def test_eager_vs_compiled(op_name: str) -> None:
         if compiled is not True:
             pytest.skip(str(compiled) or "compiled check disabled")
-        op, impl = _resolve(op_name, provider)
-        checks.check_compiled(op, impl, Case((3, 64), torch.float32))
+        op, impl = resolve(op_name)
+        checks.check_compiled(op, impl, Case((3, 64), torch.float32), device)
 
     names = {
         "eager_vs_compiled": test_eager_vs_compiled,

@@ -53,6 +53,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME",
         help="provider to check (repeatable); default: every loaded provider",
     )
+    group.addoption(
+        "--vllm-ir-device",
+        default="cpu",
+        metavar="DEVICE",
+        help="device the kit's inputs live on (default cpu; e.g. cuda for a GPU provider)",
+    )
     group.addoption("--vllm-ir-small", action="store_true", help="small shapes only (slow back-ends)")
     group.addoption("--vllm-ir-examples", type=int, default=20, help="hypothesis examples per op")
     group.addoption(
@@ -118,6 +124,7 @@ def pytest_configure(config: pytest.Config) -> None:
     report = config.getoption("--vllm-ir-report")
     if report:
         _check_writable(report)
+    _check_device(config.getoption("--vllm-ir-device"))
     named = config.getoption("--vllm-ir-provider")
     if named:
         _check_names(named)
@@ -139,6 +146,16 @@ def _check_writable(path: str) -> None:
         raise pytest.UsageError(f"--vllm-ir-report: cannot write {path}: {exc.strerror or exc}") from None
     if not existed:
         p.unlink()
+
+
+def _check_device(device: str) -> None:
+    """A string torch cannot parse as a device is a usage error (a missing device only skips)."""
+    import torch
+
+    try:
+        torch.device(device)
+    except RuntimeError as exc:
+        raise pytest.UsageError(f"--vllm-ir-device {device!r}: {exc}") from None
 
 
 def _check_names(named: list[str]) -> None:
@@ -318,6 +335,7 @@ def _report(run: _Run) -> dict[str, Any]:
             "vllm_ir": vllm_ir.__version__,
             "python": platform.python_version(),
         },
+        "device": run.config.getoption("--vllm-ir-device"),
         "allow_skip": allow_skip,
         "providers": providers,
     }

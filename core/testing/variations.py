@@ -96,12 +96,12 @@ def _optional(param: inspect.Parameter) -> bool:
     return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(param.annotation)
 
 
-def _donors(op: IrOp, shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[Any, ...]]:
+def _donors(op: IrOp, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> list[tuple[Any, ...]]:
     """Arguments from the op's input variants: where a value comes from when the base call has None."""
     donors = []
     for options in [{}, *op.input_variants.values()]:
         try:
-            donors.append(op.generate_inputs(shape, dtype, **options))
+            donors.append(op.generate_inputs(shape, dtype, device, **options))
         except Exception:  # a variant that does not apply to this shape
             continue
     return donors
@@ -140,7 +140,7 @@ def key_variations(op: IrOp, base: tuple[Any, ...]) -> Iterator[tuple[str, tuple
     first = next((a for a in base if isinstance(a, torch.Tensor)), None)
     shape = tuple(first.shape) if first is not None else (3, 8)
     dtype = first.dtype if first is not None else torch.float32
-    donors = _donors(op, shape, dtype)
+    donors = _donors(op, shape, dtype, first.device if first is not None else torch.device("cpu"))
 
     def replaced(i: int, value: Any) -> tuple[Any, ...]:
         return (*base[:i], value, *base[i + 1 :])
@@ -180,6 +180,8 @@ def _tensor_variations(t: torch.Tensor, token: bool) -> Iterator[tuple[str, torc
             yield f"dtype {_name(t.dtype)} -> {_name(dtype)}", t.to(dtype)
     if t.device.type != "meta":
         yield f"device {t.device} -> meta", t.to("meta")
+    if t.device.type not in ("meta", "cpu"):
+        yield f"device {t.device} -> cpu", t.cpu()
 
 
 def _name(dtype: torch.dtype) -> str:
