@@ -13,13 +13,17 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} VLLM_IR_C_STRICT_BUILD=1
 # This GPU's architecture only, and one CPU variant besides DEFAULT: the build is the
 # slowest step and the CPU kernels are not what this session measures.
 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')}
-export TORCH_CUDA_ARCH_LIST VLLM_IR_C_CPU_CAPABILITIES=${VLLM_IR_C_CPU_CAPABILITIES:-AVX2}
+export TORCH_CUDA_ARCH_LIST VLLM_IR_C_CPU_CAPABILITIES=${VLLM_IR_C_CPU_CAPABILITIES:-none}
+# The whole session ends by TOTAL_S (a lease is short); each step gets its own limit or what is left.
+END=$(($(date +%s) + ${TOTAL_S:-540}))
 
 step() { echo "=== $1 ($(date +%T))"; }
 run() {  # run LIMIT_S NAME COMMAND...: output to the console and to $OUT/NAME.txt
-  local limit=$1 name=$2
+  local limit=$1 name=$2 left=$((END - $(date +%s)))
   shift 2
-  step "$name"
+  ((left < limit)) && limit=$left
+  ((limit < 10)) && { echo "=== $name: skipped, the session's time is up"; return; }
+  step "$name (limit ${limit}s)"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
   echo "=== $name: exit ${PIPESTATUS[0]}"
 }
@@ -32,18 +36,18 @@ step "install"
 for dir in . providers/native providers/triton_kernels; do
   $PY -m pip install -q --no-deps --no-build-isolation -e "$dir" >"$OUT/install.txt" 2>&1 || tail -20 "$OUT/install.txt"
 done
-run 420 build_vllm_c $PY -m pip install --no-deps --no-build-isolation -e providers/vllm_c
+run 300 build_vllm_c $PY -m pip install --no-deps --no-build-isolation -e providers/vllm_c
 $PY -m vllm_ir providers list
 
-run 120 vllm_c_cuda_check $PY benchmarks/vllm_c_cuda_check.py --no-build
-run 120 triton_gpu_check $PY benchmarks/triton_gpu_check.py
+run 90 vllm_c_cuda_check $PY benchmarks/vllm_c_cuda_check.py --no-build
+run 90 triton_gpu_check $PY benchmarks/triton_gpu_check.py
 # The kit from outside the repo: its pytest settings would collect the repo's own tests too.
 for provider in vllm_c triton; do
-  (cd "$(mktemp -d)" && run "${KIT_LIMIT_S:-240}" "kit_$provider" $PY -m pytest -q -p no:cacheprovider \
+  (cd "$(mktemp -d)" && run "${KIT_LIMIT_S:-150}" "kit_$provider" $PY -m pytest -q -p no:cacheprovider \
     --vllm-ir-conformance --vllm-ir-provider "$provider" --vllm-ir-device cuda --vllm-ir-examples 5 \
     --vllm-ir-report "$OUT/kit_$provider.json")
 done
-run "${BENCH_LIMIT_S:-180}" bench $PY -m vllm_ir bench --device cuda --providers native,vllm_c,triton,aten \
+run "${BENCH_LIMIT_S:-120}" bench $PY -m vllm_ir bench --device cuda --providers native,vllm_c,triton,aten \
   --dtype bfloat16 --tokens 1,256,4096 --rounds 3 --json "$OUT/bench.json" \
   rms_norm fused_add_rms_norm silu_and_mul gelu_and_mul rotary_embedding \
   static_quant_fp8 dynamic_quant_fp8 dynamic_group_quant_fp8

@@ -80,9 +80,7 @@ def claims(op: IrOp, impl: IrOpImpl, dtype: torch.dtype, device: str = "cpu") ->
         return True
 
 
-def _dtypes_of(
-    op: IrOp, impl: IrOpImpl, dtypes: tuple[torch.dtype, ...], device: str
-) -> tuple[torch.dtype, ...]:
+def _dtypes_of(op: IrOp, impl: IrOpImpl, dtypes: tuple[torch.dtype, ...], device: str) -> tuple[torch.dtype, ...]:
     """``dtypes``, plus float64 where the implementation claims it."""
     if torch.float64 not in dtypes and claims(op, impl, torch.float64, device):
         return (*dtypes, torch.float64)
