@@ -5,6 +5,7 @@
 # and writes its output under $OUT, so a step that fails or overruns does not cost the rest.
 #
 #   OUT=/tmp/gpu bash benchmarks/gpu_session.sh        # repo root, on the GPU machine
+#   STEPS="kit_vllm_c bench" BENCH_OPS="static_quant_fp8" ...   # a rerun of some steps only
 set -uo pipefail
 OUT=${OUT:-/tmp/vllm_ir_gpu}
 mkdir -p "$OUT"
@@ -23,6 +24,7 @@ run() {  # run LIMIT_S NAME COMMAND...: output to the console and to $OUT/NAME.t
   shift 2
   ((left < limit)) && limit=$left
   ((limit < 10)) && { echo "=== $name: skipped, the session's time is up"; return; }
+  [[ -n "${STEPS:-}" && " $STEPS build_vllm_c " != *" $name "* ]] && return
   step "$name (limit ${limit}s)"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
   echo "=== $name: exit ${PIPESTATUS[0]}"
@@ -41,14 +43,15 @@ $PY -m vllm_ir providers list
 
 run 90 vllm_c_cuda_check $PY benchmarks/vllm_c_cuda_check.py --no-build
 run 90 triton_gpu_check $PY benchmarks/triton_gpu_check.py
-# The kit from outside the repo: its pytest settings would collect the repo's own tests too.
+# The kit from outside the repo (its pytest settings would collect the repo's own tests too),
+# on 8 pytest-xdist workers: faster, and a kernel that crashes its process fails one test.
 for provider in vllm_c triton; do
   (cd "$(mktemp -d)" && run "${KIT_LIMIT_S:-150}" "kit_$provider" $PY -m pytest -q -p no:cacheprovider \
-    --vllm-ir-conformance --vllm-ir-provider "$provider" --vllm-ir-device cuda --vllm-ir-examples 5 \
-    --vllm-ir-report "$OUT/kit_$provider.json")
+    -n "${KIT_WORKERS:-8}" --tb=no -rfE --vllm-ir-conformance --vllm-ir-provider "$provider" \
+    --vllm-ir-device cuda --vllm-ir-examples 5 --vllm-ir-report "$OUT/kit_$provider.json")
 done
 run "${BENCH_LIMIT_S:-120}" bench $PY -m vllm_ir bench --device cuda --providers native,vllm_c,triton,aten \
   --dtype bfloat16 --tokens 1,256,4096 --rounds 3 --json "$OUT/bench.json" \
-  rms_norm fused_add_rms_norm silu_and_mul gelu_and_mul rotary_embedding \
-  static_quant_fp8 dynamic_quant_fp8 dynamic_group_quant_fp8
+  ${BENCH_OPS:-rms_norm fused_add_rms_norm silu_and_mul gelu_and_mul rotary_embedding \
+  static_quant_fp8 dynamic_quant_fp8 dynamic_group_quant_fp8}
 step "done"

@@ -146,3 +146,17 @@ def test_a_device_this_torch_lacks_ran_nothing_and_a_malformed_one_is_a_usage_er
     assert data["device"] == "cuda" and data["providers"]["tp_kit_picky"]["ran_nothing"] is True
     bad = kit(site, tmp_path, "--vllm-ir-provider", "tp_kit_picky", "--vllm-ir-device", "cudaa", *FAST)
     assert bad.returncode == pytest.ExitCode.USAGE_ERROR and "--vllm-ir-device 'cudaa'" in bad.stderr
+
+
+def test_under_xdist_the_tallies_and_report_are_the_serial_ones(site, tmp_path):
+    """Vendors parallelise the kit with pytest-xdist: only workers collect, the controller tallies."""
+    runs = {}
+    for label, extra in (("serial", ()), ("xdist", ("-n", "2"))):
+        report = tmp_path / f"{label}.json"
+        result = kit(site, tmp_path, "--vllm-ir-provider", "tp_kit_picky", *FAST, *extra,
+                     "-k", "numerics and not property", "--vllm-ir-report", str(report))  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:]
+        runs[label] = json.loads(report.read_text())["providers"]["tp_kit_picky"]
+    serial, parallel = runs["serial"], runs["xdist"]
+    assert parallel["cases_run"] == serial["cases_run"] > 0
+    assert parallel["ops"]["rms_norm"]["passed"] == serial["ops"]["rms_norm"]["passed"]

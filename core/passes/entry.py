@@ -40,7 +40,15 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import fx
 from torch._inductor import config as inductor_config
-from torch._inductor.custom_graph_pass import CustomGraphPass, CustomInferenceAwareGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+try:
+    from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
+
+    _INFERENCE_AWARE: tuple[type, ...] = (CustomInferenceAwareGraphPass,)
+except ImportError:  # torch <= 2.11: Inductor calls every custom pass with the graph only
+    CustomInferenceAwareGraphPass = CustomGraphPass  # type: ignore[misc,assignment]
+    _INFERENCE_AWARE = ()
 
 from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
@@ -169,7 +177,7 @@ class ChainedPass(CustomInferenceAwareGraphPass):
         if self.guard_priority:
             cache.install_priority_guard(graph)
         for p in self.passes:
-            if isinstance(p, CustomInferenceAwareGraphPass):
+            if isinstance(p, _INFERENCE_AWARE):
                 p(graph, is_inference)
             else:
                 p(graph)

@@ -181,25 +181,40 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in items:
         if Path(str(getattr(item, "fspath", ""))) != _SUITE:
             continue
-        name = getattr(item, "originalname", item.name)
-        check = next((c for c in CHECKS if name.endswith(f"_{c}")), None)
-        if check is None or not name.startswith("test_conformance_"):
-            continue
-        provider = name[len("test_conformance_") : -len(check) - 1]
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        case = params.get("case")
-        label = getattr(case, "id", None) or params.get("label")
-        run.tests[item.nodeid] = (provider, check, params.get("op_name"), label)
-        run.tallies.setdefault(provider, _Tally())
+        meta = _meta_of(item.nodeid)
+        if meta is not None:
+            run.tests[item.nodeid] = meta
+            run.tallies.setdefault(meta[0], _Tally())
+
+
+def _meta_of(nodeid: str) -> tuple[str, str, str | None, str | None] | None:
+    """(provider, check, op, case or odd-input label) of a kit test, from its id alone.
+
+    From the id rather than the collected item: under pytest-xdist only the workers collect,
+    and the controller, which tallies the reports, sees node ids.
+    """
+    path, sep, _ = nodeid.partition("::")
+    if not sep or (path and Path(path).name != _SUITE.name):  # the suite's own id has no path (outside rootdir)
+        return None
+    name, _, params = nodeid.split("::", 1)[1].partition("[")
+    check = next((c for c in CHECKS if name.endswith(f"_{c}")), None)
+    if check is None or not name.startswith("test_conformance_"):
+        return None
+    provider = name[len("test_conformance_") : -len(check) - 1]
+    op_name, _, label = params.removesuffix("]").partition("-")
+    return provider, check, op_name or None, label or None
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not _active:
         return
     run = _active[-1].stash.get(_RUN, None)
-    meta = run.tests.get(report.nodeid) if run is not None else None
+    if run is None:
+        return
+    meta = run.tests.get(report.nodeid) or _meta_of(report.nodeid)
     if meta is None:
         return
+    run.tallies.setdefault(meta[0], _Tally())
     provider, check, op_name, label = meta
     tally = run.tallies[provider]
     per_op = tally.op(op_name or "(all)")

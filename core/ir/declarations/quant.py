@@ -89,6 +89,16 @@ def broadcast_scale(scale: Tensor, x: Tensor, op: str = "static_quant_fp8") -> T
     return scale
 
 
+def _over_bound(absmax: Tensor, bound: float) -> Tensor:
+    """``absmax / bound`` as an IEEE division on every device.
+
+    ``tensor / python_float`` is not: on CUDA torch multiplies by the float reciprocal of the
+    scalar (one ulp off in some scales), on CPU it divides; dividing by a 0-d tensor on
+    absmax's device divides everywhere, as the kernels do.
+    """
+    return absmax / absmax.new_full((), bound)
+
+
 def _quantize(xf: Tensor, inverse_scale: Tensor, fp8_dtype: torch.dtype, bound: float) -> Tensor:
     return (xf * inverse_scale).clamp(-bound, bound).to(fp8_dtype)
 
@@ -139,7 +149,7 @@ def dynamic_quant_fp8(
         absmax = xf.abs().amax().reshape(1) if x.numel() else xf.new_zeros(1)
     if scale_ub is not None:
         absmax = torch.minimum(absmax, scale_ub.to(torch.float32))
-    scale = (absmax / bound).clamp(min=min_scale(fp8_dtype, op))
+    scale = _over_bound(absmax, bound).clamp(min=min_scale(fp8_dtype, op))
     q = _quantize(xf, scale.reciprocal(), fp8_dtype, bound)
     return _pad_tokens(q, num_token_padding, op), scale
 
@@ -182,7 +192,7 @@ def dynamic_group_quant_fp8(
     if pad:
         xf = torch.nn.functional.pad(xf, (0, pad))
     grouped = xf.unflatten(-1, (groups, group_size))
-    scale = grouped.abs().amax(dim=-1) / bound
+    scale = _over_bound(grouped.abs().amax(dim=-1), bound)
     if use_ue8m0:
         scale = pow2_ceil(scale)
     scale = scale.clamp(min=min_scale(fp8_dtype, op))

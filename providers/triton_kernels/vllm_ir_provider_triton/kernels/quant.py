@@ -9,10 +9,10 @@ fp8. The Triton interpreter's fp32 -> fp8 cast is wrong (measured here: 36917 of
 differ from torch's, some by a whole binade); the integer form does not depend on any
 back-end's cast, so the interpreter and GPUs run the same arithmetic.
 
-Dynamic scales are ``absmax / fp8_max``. PyTorch divides by a Python scalar on CPU but
-multiplies by its fp32 reciprocal on CUDA (``div_true_kernel_cuda``); the kernels do what
-native does on the tensors' device (constexpr ``DIVIDE``), to match native's scales bit for
-bit (verified in the interpreter, tests/test_triton_quant.py; no GPU was available to check).
+Dynamic scales are ``absmax / fp8_max``, an IEEE division (``div_rn``) on every device, as
+native computes them (it divides by a 0-d tensor: ``tensor / python_float`` would multiply by
+the reciprocal on CUDA); bit-exact against native in the interpreter (tests/test_triton_quant.py)
+and on an H200 (benchmarks/gpu_session.sh).
 
 Layouts: ``x`` is read as rows of its last dimension with one row stride (contiguous
 tensors, row slices of a wider buffer, stride-0 broadcast rows of a 2-D x); ``q`` and the
@@ -373,7 +373,7 @@ def dynamic_quant_fp8_out(
     if scale_ub is not None:
         _check(what, scale_ub.numel() == 1 and scale_ub.dtype == torch.float32, "scale_ub must be one float32 element")
     inv_bound, min_scale = _constants(bound)
-    divide = x.device.type == "cpu"
+    divide = True  # as native: an IEEE division on every device
     ub = scale_ub if scale_ub is not None else scale
     if per_token:
         _check(what, cols > 0 or rows == 0, "per-token scales of rows with no elements")
@@ -434,7 +434,7 @@ def group_quant_fp8_out(
     wrap_triton(_group_kernel)[(triton.cdiv(n_pairs, block_p),)](
         q, scales, x, x_stride, cols, n_pairs, groups, cols, group_size, inner_rows,
         s_batch, s_row, scales.stride(-1), inv_bound, min_scale,
-        BOUND=bound, FNUZ=fnuz, UE8M0=use_ue8m0, DIVIDE=x.device.type == "cpu", BLOCK_P=block_p, BLOCK_G=block_g,
+        BOUND=bound, FNUZ=fnuz, UE8M0=use_ue8m0, DIVIDE=True, BLOCK_P=block_p, BLOCK_G=block_g,
     )  # fmt: skip
 
 
