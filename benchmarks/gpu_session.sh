@@ -4,7 +4,7 @@
 # the correctness checks and figures that README quotes. Each step has its own time limit
 # and writes its output under $OUT, so a step that fails or overruns does not cost the rest.
 #
-#   OUT=/tmp/gpu bash benchmarks/gpu_session.sh        # repo root, on the GPU machine
+#   OUT=/tmp/gpu bash benchmarks/gpu_session.sh > /tmp/gpu/session.log 2>&1   # repo root, GPU machine
 #   STEPS="kit_vllm_c bench" BENCH_OPS="static_quant_fp8" ...   # a rerun of some steps only
 set -uo pipefail
 OUT=${OUT:-/tmp/vllm_ir_gpu}
@@ -19,15 +19,17 @@ export TORCH_CUDA_ARCH_LIST VLLM_IR_C_CPU_CAPABILITIES=${VLLM_IR_C_CPU_CAPABILIT
 END=$(($(date +%s) + ${TOTAL_S:-540}))
 
 step() { echo "=== $1 ($(date +%T))"; }
-run() {  # run LIMIT_S NAME COMMAND...: output to the console and to $OUT/NAME.txt
+# At most 8 files come back from a lent machine: every step's text goes to $OUT/session.log
+# (run the script with its output there), the kit and bench write JSON beside it.
+run() {  # run LIMIT_S NAME COMMAND...
   local limit=$1 name=$2 left=$((END - $(date +%s)))
   shift 2
   ((left < limit)) && limit=$left
   ((limit < 10)) && { echo "=== $name: skipped, the session's time is up"; return; }
   [[ -n "${STEPS:-}" && " $STEPS build_vllm_c " != *" $name "* ]] && return
   step "$name (limit ${limit}s)"
-  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
-  echo "=== $name: exit ${PIPESTATUS[0]}"
+  timeout "$limit" "$@" 2>&1
+  echo "=== $name: exit $?"
 }
 
 step "machine"
@@ -36,7 +38,7 @@ $PY -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.ve
 
 step "install"
 for dir in . providers/native providers/triton_kernels; do
-  $PY -m pip install -q --no-deps --no-build-isolation -e "$dir" >"$OUT/install.txt" 2>&1 || tail -20 "$OUT/install.txt"
+  $PY -m pip install -q --no-deps --no-build-isolation -e "$dir" 2>&1 | tail -20
 done
 run 300 build_vllm_c $PY -m pip install --no-deps --no-build-isolation -e providers/vllm_c
 $PY -m vllm_ir providers list
@@ -47,7 +49,7 @@ run 90 triton_gpu_check $PY benchmarks/triton_gpu_check.py
 # on 8 pytest-xdist workers: faster, and a kernel that crashes its process fails one test.
 for provider in vllm_c triton; do
   (cd "$(mktemp -d)" && run "${KIT_LIMIT_S:-150}" "kit_$provider" $PY -m pytest -q -p no:cacheprovider \
-    -n "${KIT_WORKERS:-8}" --tb=no -rfE --vllm-ir-conformance --vllm-ir-provider "$provider" \
+    -n "${KIT_WORKERS:-8}" -p no:benchmark --tb=short -rfE --vllm-ir-conformance --vllm-ir-provider "$provider" \
     --vllm-ir-device cuda --vllm-ir-examples 5 --vllm-ir-report "$OUT/kit_$provider.json")
 done
 run "${BENCH_LIMIT_S:-120}" bench $PY -m vllm_ir bench --device cuda --providers native,vllm_c,triton,aten \

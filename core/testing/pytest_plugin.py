@@ -256,7 +256,9 @@ def _skip_reason(report: pytest.TestReport) -> str:
 def _failure_message(report: pytest.TestReport) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    return text.strip().splitlines()[0] if text.strip() else "failed"
+    # The whole message, not its first line: e.g. a LoweringError gives its reasons below it.
+    text = text.strip() or "failed"
+    return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
 def _ran_nothing(run: _Run) -> list[str]:

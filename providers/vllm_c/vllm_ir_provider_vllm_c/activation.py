@@ -42,9 +42,11 @@ EXACT_ON_CPU = ("silu_and_mul", "mul_and_silu", "fatrelu_and_mul", "relu2")
 #: tensor ops) and ahead of Inductor-compiled native at every T (closest: silu_and_mul bf16
 #: T=256, 325 vs 360 us); the one inversion in the full run (swigluoai bf16 T=16) was another
 #: tenant's preemption and re-measured 38 vs 136 (native) and 364 us (compiled). Dispatch
-#: (``op()``) adds the same ~5 us to whichever provider runs. CUDA: not measured yet
-#: (benchmarks/vllm_c_cuda_check.py on a GPU machine), so not listed.
-EAGER_FIRST = {"cpu": (*GATED, *ELEMENTWISE)}
+#: (``op()``) adds the same ~5 us to whichever provider runs. CUDA (an H200, torch 2.11,
+#: benchmarks/vllm_c_cuda_check.py, hidden 4096, T 1-16384, bf16 and fp32): the kernels ran
+#: 2.7-19x faster than native eager at every T for every op (T=1: 6-9 us against 20-120 us;
+#: T=16384 bf16: 65-233 us against 339-1619 us).
+EAGER_FIRST = {"cpu": (*GATED, *ELEMENTWISE), "cuda": (*GATED, *ELEMENTWISE)}
 
 
 def register(status: ExtensionStatus) -> None:
