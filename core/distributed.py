@@ -21,7 +21,7 @@ same shapes, and names both sides of a mismatch (the cost: a store round-trip pe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 #: Substrings of back-end messages that mean a collective could not complete.
@@ -96,19 +96,25 @@ def named_failure(exc: BaseException, group: Any, collective: str) -> Collective
 
 
 @contextlib.contextmanager
-def collective_errors(group: Any = None, collectives: str | Sequence[str] = "a collective") -> Iterator[None]:
+def collective_errors(
+    group: Any = None, collectives: str | Sequence[str] | Callable[[], str] = "a collective"
+) -> Iterator[None]:
     """Turn back-end failures of collectives inside the block into `CollectiveError`.
 
     :param group: the process group (or its name) the block communicates over; default: the world.
-    :param collectives: what the block runs, for the message (``"all_reduce x4"``,
-        `describe_collectives` of a compiled model).
+    :param collectives: what the block runs, for the message (``"all_reduce x4"``), or a
+        callable asked at the failure (``lambda: describe_collectives(compiled)``: a model
+        compiled by its first call inside the block has its record only then).
     """
     try:
         yield
     except Exception as exc:
         if not is_collective_failure(exc):
             raise
-        what = collectives if isinstance(collectives, str) else ", ".join(collectives)
+        if callable(collectives):
+            what = collectives()
+        else:
+            what = collectives if isinstance(collectives, str) else ", ".join(collectives)
         raise named_failure(exc, group, what) from exc
 
 
