@@ -174,7 +174,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         timeout=datetime.timedelta(seconds=args.timeout),
     )
     torch.manual_seed(0)
-    shapes = Shapes()
+    shapes = Shapes(args.hidden, args.heads, args.head_dim, args.intermediate, args.layers)
     full = full_weights(shapes)
     mine = shard_weights(full, shapes, rank, world)
     group = dist.group.WORLD
@@ -201,20 +201,49 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             "compile_s": compile_s,
         }
         if args.bench:
-            times = []
-            with torch.no_grad():
-                for _ in range(args.bench):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    compiled(h)
-                    times.append(time.perf_counter() - t0)
-            entry["step_us"] = sorted(times)[len(times) // 2] * 1e6
+            entry.update(_bench(compiled, h, args.bench))
             entry["bytes"] = bytes_moved(report.collectives, tokens, shapes.hidden, world, h.element_size())
         result["settings"][f"{setting}@{tokens}"] = entry
         torch._dynamo.reset()
     if args.die:
         result["failures"] = _peer_failures(args, shapes, full, mine, result)
     return result
+
+
+def _sent_bytes() -> int | None:
+    """Bytes this process has written through write()/writev() (gloo's sockets use writev),
+    from /proc/self/io; None where that file is missing."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _bench(compiled: Any, h: Tensor, steps: int) -> dict[str, Any]:
+    """Median time of one step (ranks lined up by a barrier before each), and the bytes this
+    rank sent per step, measured, less what the barriers alone send."""
+    import torch.distributed as dist
+
+    times = []
+    with torch.no_grad():
+        compiled(h)  # warm
+        before = _sent_bytes()
+        for _ in range(steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            compiled(h)
+            times.append(time.perf_counter() - t0)
+        after = _sent_bytes()
+        for _ in range(steps):
+            dist.barrier()
+        barriers = _sent_bytes()
+    out: dict[str, Any] = {"step_us": sorted(times)[len(times) // 2] * 1e6}
+    if before is not None and after is not None and barriers is not None:
+        out["sent_bytes"] = ((after - before) - (barriers - after)) / steps
+    return out
 
 
 def _peer_failures(
@@ -278,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--settings", nargs="*", default=list(SETTINGS))
+    default = Shapes()
+    parser.add_argument("--hidden", type=int, default=default.hidden)
+    parser.add_argument("--heads", type=int, default=default.heads)
+    parser.add_argument("--head-dim", type=int, default=default.head_dim)
+    parser.add_argument("--intermediate", type=int, default=default.intermediate)
+    parser.add_argument("--layers", type=int, default=default.layers)
     parser.add_argument("--inductor", nargs="*", default=[], help="settings compiled with Inductor (else aot_eager)")
     parser.add_argument("--indivisible", type=int, default=1, help="also compile sequence_parallel at tokens + 1")
     parser.add_argument("--timeout", type=float, default=120.0, help="the process group's timeout (s)")
