@@ -219,3 +219,19 @@ def test_cache_key_follows_the_rank_and_the_options(one_rank, monkeypatch: pytes
     assert FusionPass(tensor_parallel_fusions(sequence_parallel=True)).uuid() != base
     assert FusionPass([AllReduceRmsNormFusion()]).uuid() != FusionPass([AllReduceRmsNormFusion(force=True)]).uuid()
     assert SequenceParallelism().uuid_parts() == (1, 1)
+
+
+def test_bad_group_name_is_a_clear_error(one_rank) -> None:
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"op 'all_reduce_rms_norm' \(native\): group_name 'no_such_group'"):
+        ops.all_reduce_rms_norm(x, None, 1e-6, "no_such_group")
+
+
+def test_collective_errors_renames_only_collective_failures(one_rank) -> None:
+    from vllm_ir.distributed import CollectiveError, collective_errors
+
+    with pytest.raises(CollectiveError, match=r"rank 0 of 1 in process group .*: collective all_reduce x2 did not"):
+        with collective_errors(one_rank, "all_reduce x2"):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    with pytest.raises(KeyError), collective_errors(one_rank, "all_reduce x2"):
+        raise KeyError("not a collective")

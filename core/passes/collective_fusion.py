@@ -301,8 +301,8 @@ class SequenceParallelism(GraphFusion):
     name = "sequence_parallel"
 
     def apply(self, graph: fx.Graph, report: GraphReport | None) -> None:
-        #: all-gathered residual (wait node) -> the shard it gathered, for the next layer's norm.
-        gathered: dict[fx.Node, fx.Node] = {}
+        #: all-gathered residual (wait node) -> (the shard it gathered, its group), for the next layer's norm.
+        gathered: dict[fx.Node, tuple[fx.Node, str]] = {}
         for c in _candidates(graph, self.name, report):
             why = self._rejection(c, gathered)
             if why is not None:
@@ -319,7 +319,7 @@ class SequenceParallelism(GraphFusion):
                 graph.erase_node(ag)
 
     @staticmethod
-    def _rejection(c: _Candidate, gathered: dict[fx.Node, fx.Node]) -> str | None:
+    def _rejection(c: _Candidate, gathered: dict[fx.Node, tuple[fx.Node, str]]) -> str | None:
         facts = _group_facts(c.group)
         if isinstance(facts, str):
             return facts
@@ -339,7 +339,7 @@ class SequenceParallelism(GraphFusion):
         return None
 
     @staticmethod
-    def _rewrite(graph: fx.Graph, c: _Candidate, gathered: dict[fx.Node, fx.Node]) -> str:
+    def _rewrite(graph: fx.Graph, c: _Candidate, gathered: dict[fx.Node, tuple[fx.Node, str]]) -> str:
         rank, world = _group_facts(c.group)  # type: ignore[misc]
         tokens = value_of(c.partial).shape[0]
         shard_rows = tokens // world
@@ -351,7 +351,9 @@ class SequenceParallelism(GraphFusion):
                 norm = _call(graph, op.torch_op.default, (shard, c.weight, c.epsilon, None), c.norm)
                 normed_shard, summed_shard, residual_from = norm, shard, "-"
             else:
-                residual_shard = gathered.get(c.residual)
+                residual_shard, group = gathered.get(c.residual, (None, None))
+                if group != c.group:  # sharded over another group: slice the gathered tensor instead
+                    residual_shard = None
                 residual_from = "the previous layer's shard"
                 if residual_shard is None:
                     residual_from = f"rows {rank * shard_rows}:{(rank + 1) * shard_rows} of {c.residual.name}"
@@ -370,7 +372,7 @@ class SequenceParallelism(GraphFusion):
             with graph.inserting_before(c.norm):
                 ag_sum = _call(graph, c10d.all_gather_into_tensor.default, (summed_shard, world, c.group), c.norm)
                 summed = _call(graph, c10d.wait_tensor.default, (ag_sum,), c.norm)
-            gathered[summed] = summed_shard
+            gathered[summed] = (summed_shard, c.group)
             return summed
 
         if c.op_name == "rms_norm" and len(c.wait.users) > 1:  # the reduced tensor read elsewhere (a residual)

@@ -36,6 +36,11 @@ def all_reduce_sum(x: Tensor, group_name: str, op_name: str = "all_reduce") -> T
     except Exception as exc:
         from vllm_ir.distributed import is_collective_failure, named_failure
 
+        if "could not resolve the process group" in str(exc).lower():
+            raise ValueError(
+                f"op {op_name!r} (native): group_name {group_name!r} names no process group of this process; "
+                "pass group.group_name of an initialized torch.distributed group"
+            ) from exc
         if not is_collective_failure(exc):
             raise
         raise named_failure(exc, group_name, f"all_reduce of {op_name} {list(x.shape)}") from exc
