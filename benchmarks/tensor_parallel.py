@@ -1,17 +1,18 @@
 """Tensor-parallel decoder over gloo: time per step and bytes moved by collectives, per pass setting.
 
 Starts ``--world`` ranks (processes running tests/tp_decoder.py) on this machine; each
-compiles the decoder once per pass setting and times ``--steps`` steps (median; the ranks
-are lined up by a barrier before each step). Bytes: per rank and step, on paper from the
+compiles the decoder once per pass setting and times its steps (median and quartiles; the
+ranks are lined up by a barrier before each step). Bytes: per rank and step, on paper from the
 collectives of the compiled graph and the shapes (ring algorithms: an all-reduce sends
 2(w-1)/w of the tensor, a reduce-scatter or an all-gather (w-1)/w), and measured -- what the
 rank wrote to its sockets (``wchar`` of /proc/self/io; gloo writes with writev), less what
-the barriers alone write. The ratios compare each setting with ``off`` in the same run.
+the barriers alone write. The ratios compare each setting with ``off`` in the same run; the settings take turns
+(``--steps`` steps each, ``--rounds`` times) so that load on the machine hits them alike.
 
 It then prints the on-paper figures per layer and token for a 70B-class model (Llama-3-70B
 shapes) at 8 ranks, which the two-rank CPU run cannot show.
 
-    OMP_NUM_THREADS=1 CI=1 .venv/bin/python benchmarks/tensor_parallel.py --steps 50
+    OMP_NUM_THREADS=1 CI=1 .venv/bin/python benchmarks/tensor_parallel.py
 
 Figures on this shared 2-core machine are taken under load; both ranks share the cores.
 """
@@ -41,6 +42,7 @@ def run_ranks(args: argparse.Namespace) -> list[dict]:
     out = Path(tempfile.mkdtemp(prefix="vllm_ir_tp_bench_"))
     cmd = [sys.executable, "-m", "tests.tp_decoder", "--world", str(args.world), "--port", str(_free_port())]
     cmd += ["--out", str(out), "--tokens", str(args.tokens), "--bench", str(args.steps), "--indivisible", "0"]
+    cmd += ["--rounds", str(args.rounds)]
     cmd += ["--hidden", str(args.hidden), "--heads", str(args.heads), "--head-dim", str(args.head_dim)]
     cmd += ["--intermediate", str(args.intermediate), "--layers", str(args.layers)]
     if args.backend == "inductor":
@@ -78,9 +80,10 @@ def report(results: list[dict], args: argparse.Namespace) -> None:
     print(
         f"{args.world} ranks (gloo, this machine), tokens {args.tokens}, hidden {args.hidden}, heads {args.heads}x"
         f"{args.head_dim}, intermediate {args.intermediate}, {args.layers} layers, fp32, backend {args.backend}, "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, {args.steps} steps"
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, {args.rounds} rounds x {args.steps} steps"
     )
-    print(f"{'setting':<34}{'rank':>5}{'step us':>11}{'vs off':>8}{'paper B/step':>14}{'sent B/step':>13}  collectives")
+    header = f"{'setting':<28}{'rank':>5}{'step us':>10}{'q1-q3 us':>16}{'vs off':>8}"
+    print(f"{header}{'paper B/step':>14}{'sent B/step':>13}  collectives")
     for name in settings:
         for r in results:
             s = r["settings"][name]
@@ -88,7 +91,9 @@ def report(results: list[dict], args: argparse.Namespace) -> None:
             sent = s.get("sent_bytes")
             sent_text = f"{sent:>13,.0f}" if sent is not None else f"{'n/a':>13}"
             kinds = ", ".join(f"{k} x{n}" for k, n in s["collectives"].items())
-            print(f"{name:<34}{r['rank']:>5}{s['step_us']:>11.0f}{ratio:>8.2f}{s['bytes']:>14,}{sent_text}  {kinds}")
+            spread = f"{s['step_q1_us']:.0f}-{s['step_q3_us']:.0f}"
+            row = f"{name:<28}{r['rank']:>5}{s['step_us']:>10.0f}{spread:>16}{ratio:>8.2f}"
+            print(f"{row}{s['bytes']:>14,}{sent_text}  {kinds}")
 
 
 def on_paper(world: int = 8, hidden: int = 8192, intermediate: int = 28672, itemsize: int = 2) -> None:
@@ -123,7 +128,8 @@ def main() -> int:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--intermediate", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=10, help="steps per setting and round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; the settings take turns within each")
     parser.add_argument("--backend", choices=("inductor", "aot_eager"), default="inductor")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds before the ranks are killed")
     args = parser.parse_args()

@@ -148,6 +148,9 @@ def compile_step(shapes: Shapes, w: dict[str, Tensor], group: Any, setting: str,
     def step(h: Tensor) -> Tensor:
         return decoder_forward(h, w, shapes, group)
 
+    # A code object of its own: Dynamo caches compiled frames per code object, and the
+    # benchmark keeps one compiled step per setting alive.
+    step.__code__ = step.__code__.replace(co_name=f"step_{setting}")
     return vllm_ir.compile(step, fusions=fusions, backend=backend, dynamic=False)
 
 
@@ -179,6 +182,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     mine = shard_weights(full, shapes, rank, world)
     group = dist.group.WORLD
     result: dict[str, Any] = {"rank": rank, "settings": {}}
+    timed: list[tuple[dict[str, Any], Any, Tensor]] = []
     cases = [(s, args.tokens) for s in args.settings] + [("sequence_parallel", args.tokens + 1)] * args.indivisible
     for setting, tokens in cases:
         h = torch.randn(tokens, shapes.hidden, generator=torch.Generator().manual_seed(tokens))
@@ -200,11 +204,14 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             "selected": report.selected_impls,
             "compile_s": compile_s,
         }
-        if args.bench:
-            entry.update(_bench(compiled, h, args.bench))
-            entry["bytes"] = bytes_moved(report.collectives, tokens, shapes.hidden, world, h.element_size())
         result["settings"][f"{setting}@{tokens}"] = entry
-        torch._dynamo.reset()
+        if args.bench:
+            entry["bytes"] = bytes_moved(report.collectives, tokens, shapes.hidden, world, h.element_size())
+            timed.append((entry, compiled, h))
+        else:
+            torch._dynamo.reset()
+    if timed:
+        _bench(timed, args.bench, args.rounds)
     if args.die:
         result["failures"] = _peer_failures(args, shapes, full, mine, result)
     return result
@@ -222,28 +229,38 @@ def _sent_bytes() -> int | None:
     return None
 
 
-def _bench(compiled: Any, h: Tensor, steps: int) -> dict[str, Any]:
-    """Median time of one step (ranks lined up by a barrier before each), and the bytes this
-    rank sent per step, measured, less what the barriers alone send."""
+def _bench(timed: list[tuple[dict[str, Any], Any, Tensor]], steps: int, rounds: int) -> None:
+    """Per setting: the median time of one step (ranks lined up by a barrier before each) and
+    the bytes this rank sent per step, measured, less what the barriers alone send. Settings
+    take turns, ``steps`` steps each, for ``rounds`` rounds: load on the machine hits them alike."""
     import torch.distributed as dist
 
-    times = []
+    times: list[list[float]] = [[] for _ in timed]
+    sent: list[list[float]] = [[] for _ in timed]
     with torch.no_grad():
-        compiled(h)  # warm
-        before = _sent_bytes()
-        for _ in range(steps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            compiled(h)
-            times.append(time.perf_counter() - t0)
-        after = _sent_bytes()
-        for _ in range(steps):
-            dist.barrier()
-        barriers = _sent_bytes()
-    out: dict[str, Any] = {"step_us": sorted(times)[len(times) // 2] * 1e6}
-    if before is not None and after is not None and barriers is not None:
-        out["sent_bytes"] = ((after - before) - (barriers - after)) / steps
-    return out
+        for _, compiled, h in timed:
+            compiled(h)  # warm
+        for _ in range(rounds):
+            for i, (_, compiled, h) in enumerate(timed):
+                before = _sent_bytes()
+                for _ in range(steps):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    compiled(h)
+                    times[i].append(time.perf_counter() - t0)
+                after = _sent_bytes()
+                for _ in range(steps):
+                    dist.barrier()
+                barriers = _sent_bytes()
+                if before is not None and after is not None and barriers is not None:
+                    sent[i].append(((after - before) - (barriers - after)) / steps)
+    for i, (entry, _, _) in enumerate(timed):
+        ordered = sorted(times[i])
+        entry["step_us"] = ordered[len(ordered) // 2] * 1e6
+        entry["step_q1_us"] = ordered[len(ordered) // 4] * 1e6
+        entry["step_q3_us"] = ordered[(3 * len(ordered)) // 4] * 1e6
+        if sent[i]:
+            entry["sent_bytes"] = sorted(sent[i])[len(sent[i]) // 2]
 
 
 def _peer_failures(
@@ -316,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inductor", nargs="*", default=[], help="settings compiled with Inductor (else aot_eager)")
     parser.add_argument("--indivisible", type=int, default=1, help="also compile sequence_parallel at tokens + 1")
     parser.add_argument("--timeout", type=float, default=120.0, help="the process group's timeout (s)")
-    parser.add_argument("--bench", type=int, default=0, help="time N steps per setting")
+    parser.add_argument("--bench", type=int, default=0, help="time N steps per setting and round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --bench steps, settings taking turns")
     parser.add_argument("--die", action="store_true", help="end with rank 1 dying before a collective")
     args = parser.parse_args(argv)
     try:
