@@ -235,3 +235,21 @@ def test_collective_errors_renames_only_collective_failures(one_rank) -> None:
             raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
     with pytest.raises(KeyError), collective_errors(one_rank, "all_reduce x2"):
         raise KeyError("not a collective")
+
+
+def test_reduced_tensor_read_before_the_norm_is_left_alone(one_rank) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x: torch.Tensor, wn: torch.Tensor) -> torch.Tensor:
+        h = funcol.all_reduce(x, "sum", one_rank)
+        early = h * 2
+        return ops.rms_norm(h, wn, 1e-6) + early
+
+    x, wn = torch.randn(4, 16), torch.rand(16) + 0.5
+    compiled = vllm_ir.compile(
+        fn, fusions=tensor_parallel_fusions(sequence_parallel=True, all_reduce=True, force=True), backend="aot_eager"
+    )
+    torch.testing.assert_close(compiled(x, wn), fn(x, wn))
+    report = record_of(compiled).graphs[-1]
+    assert report.fusions == [] and report.collectives == {"all_reduce": 1}
+    assert len(report.fusions_rejected) == 2 and all("is read before the norm" in r for r in report.fusions_rejected)

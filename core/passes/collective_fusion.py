@@ -145,6 +145,9 @@ def _candidates(graph: fx.Graph, name: str, report: GraphReport | None) -> Itera
                 why = f"variance_size={variance_size} (the rewritten ops normalize over the whole row)"
             elif list(ar.users) != [wait]:
                 why = f"the all-reduce {ar.name} is read by other nodes than its wait"
+            elif op.name == "rms_norm" and any(u < norm for u in wait.users if u is not norm):
+                early = ", ".join(u.name for u in wait.users if u is not norm and u < norm)
+                why = f"the all-reduced {wait.name} is read before the norm (by {early})"
             elif op.name == "fused_add_rms_norm" and value is other:
                 why = "the norm adds the all-reduced tensor to itself"
             elif op.name == "fused_add_rms_norm" and set(wait.users) != {norm}:
