@@ -253,3 +253,20 @@ def test_reduced_tensor_read_before_the_norm_is_left_alone(one_rank) -> None:
     report = record_of(compiled).graphs[-1]
     assert report.fusions == [] and report.collectives == {"all_reduce": 1}
     assert len(report.fusions_rejected) == 2 and all("is read before the norm" in r for r in report.fusions_rejected)
+
+
+def test_dynamo_traces_the_collective_ops(one_rank) -> None:
+    name = one_rank.group_name
+
+    def fn(x: torch.Tensor, r: torch.Tensor, wn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, r2 = ops.all_reduce_fused_add_rms_norm(x, r, wn, 1e-6, name)
+        z, _ = ops.all_reduce_rms_norm(y, wn, 1e-6, name)
+        return z, r2
+
+    compiled = vllm_ir.compile(fn, backend="aot_eager", fullgraph=True)
+    x, r, wn = torch.randn(3, 32), torch.randn(3, 32), torch.rand(32)
+    for got, want in zip(compiled(x, r, wn), fn(x, r, wn), strict=True):
+        torch.testing.assert_close(got, want)
+    report = record_of(compiled).graphs[-1]
+    assert set(report.selected_impls) == {"all_reduce_fused_add_rms_norm", "all_reduce_rms_norm"}
+    assert report.collectives == {"all_reduce": 2}
