@@ -352,7 +352,7 @@ class SequenceParallelism(GraphFusion):
             shard = _call(graph, c10d.wait_tensor.default, (rs,), c.all_reduce)
             if c.op_name == "rms_norm":
                 norm = _call(graph, op.torch_op.default, (shard, c.weight, c.epsilon, None), c.norm)
-                normed_shard, summed_shard, residual_from = norm, shard, "-"
+                normed_shard, summed_shard, residual_from = norm, shard, "none"
             else:
                 residual_shard, group = gathered.get(c.residual, (None, None))
                 if group != c.group:  # sharded over another group: slice the gathered tensor instead
