@@ -516,21 +516,21 @@ def _probe_predicates() -> dict[tuple[str, str], str]:
     from vllm_ir.ir import selection
 
     for op in vllm_ir.ops:
-        if op._input_generator is None:
-            continue
+        probed = [i for i in op.impls.values() if i.supported and i.supports_args is not None]
+        if op._input_generator is None or not probed:
+            continue  # nothing to ask (and no inputs made: a collective op's set up a process group)
         for shape, dtype in (((4, 64), torch.float32), ((2, 3, 64), torch.bfloat16)):
             try:
                 args = op._bind(op.generate_inputs(shape, dtype, "cpu"))
             except Exception:  # an op whose generator wants other shapes: nothing to probe with
                 continue
-            for impl in op.impls.values():
-                if impl.supported and impl.supports_args is not None:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        try:
-                            selection.ask(impl, args)
-                        except vllm_ir.PredicateError:  # VLLM_IR_FALLBACK=error: recorded all the same
-                            pass
+            for impl in probed:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    try:
+                        selection.ask(impl, args)
+                    except vllm_ir.PredicateError:  # VLLM_IR_FALLBACK=error: recorded all the same
+                        pass
     return selection.predicate_errors()
 
 

@@ -53,6 +53,7 @@ except ImportError:  # torch <= 2.11: Inductor calls every custom pass with the 
 from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.clone_cleanup import CloneCleanupPass
+from vllm_ir.passes.collective_fusion import collective_counts
 from vllm_ir.passes.functionalize import FunctionalizeInplacePass
 from vllm_ir.passes.fusion import FusionPass, GraphFusion, IrFusion
 from vllm_ir.passes.lowering import LoweringPass, OnUnlowered
@@ -124,6 +125,7 @@ class IrPipelinePass(CustomInferenceAwareGraphPass):
         self.record.graphs.append(report)
         self._timed("lowering", self.lowering, graph, report, order=order)
         self._timed("clone_cleanup", self.cleanup, graph, report)
+        report.collectives = collective_counts(graph)
         if self.keep_code:
             report.code = graph.python_code("self").src
         publish(report)
@@ -225,6 +227,8 @@ def inductor_options(
     :param on_unlowered: ``"error"`` (default) fails the compile when an IR node cannot be
         lowered; ``"warn"`` keeps such nodes as opaque calls and warns with the node list.
     :param fusions: IR fusions to run (default: `AddRmsNormFusion`, then `QuantFusion`); ``[]`` disables fusion.
+        The tensor-parallel passes (sequence parallelism, all-reduce + RMSNorm fusion) are off
+        by default: ``fusions=vllm_ir.passes.tensor_parallel_fusions(sequence_parallel=True)``.
     :param user_options: any other Inductor options; custom passes among them (or already
         set in ``torch._inductor.config``) are chained with ours, not replaced.
         ``pre_grad_pass_timing`` is always ``"early"``: the pre-grad stage installs the

@@ -189,8 +189,16 @@ class FusionPass(CustomGraphPass):
                     canonicalize(op, node)
 
     def uuid(self) -> str:
+        """Changes with the pipeline's code, each fusion's code and each fusion's own settings."""
         return cache.combine(
             "fusion",
             cache.package_fingerprint(),
-            tuple((f.name, cache.code_fingerprint(type(f))) for f in self.fusions),
+            tuple((f.name, cache.code_fingerprint(type(f)), _uuid_parts(f)) for f in self.fusions),
         )
+
+
+def _uuid_parts(fusion: IrFusion | GraphFusion) -> tuple[Any, ...]:
+    """What a fusion's rewrite depends on besides its code (``uuid_parts()``, when it has one):
+    its options, or facts such as the rank whose rows a sequence-parallel graph keeps."""
+    parts = getattr(fusion, "uuid_parts", None)
+    return tuple(parts()) if callable(parts) else ()

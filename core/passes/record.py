@@ -49,6 +49,9 @@ class GraphReport:
     clones: list[CloneDecision] = field(default_factory=list)
     #: IR nodes left in the graph (``on_unlowered="warn"``), with the reason.
     unlowered: dict[str, str] = field(default_factory=dict)
+    #: Functional collectives in the graph after the pipeline, ``{kind: count}``
+    #: (``all_reduce``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``, ...).
+    collectives: dict[str, int] = field(default_factory=dict)
     #: The graph after the pipeline (Inductor's own passes and codegen follow).
     code: str = ""
     #: True when the graph came from Inductor's cache and this report from the compile that filled it.
