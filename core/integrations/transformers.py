@@ -221,8 +221,16 @@ def _llama_norm_forward(self: nn.Module, hidden_states: Tensor) -> Tensor:
     return vllm_ir.ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
+#: Dtypes whose residual sum the fused op's float32 sum reproduces (rounded to the dtype); wider
+#: ones (float64) keep the stock add, which float32 would round.
+_FUSABLE = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _llama_add_norm(self: nn.Module, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
     """``(norm(residual + x), residual + x)``."""
+    if x.dtype not in _FUSABLE or residual.dtype != x.dtype:
+        total = residual + x
+        return self(total), total
     return vllm_ir.ops.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
 
 
@@ -246,6 +254,9 @@ def _gemma_norm_forward(self: nn.Module, x: Tensor) -> Tensor:
 
 
 def _gemma_add_norm(self: nn.Module, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+    if x.dtype not in _FUSABLE or residual.dtype != x.dtype:
+        total = residual + x
+        return self(total), total
     out, total = vllm_ir.ops.fused_add_rms_norm(x.float(), residual.float(), _one_plus_weight(self), self.eps)
     return out.type_as(x), total.to(x.dtype)
 
@@ -403,7 +414,8 @@ def kernelize(model: nn.Module, *, fuse_residual: bool = True) -> Report:
             _merge_gate_up(module)
             gate, up = module.gate_proj, module.up_proj
 
-            def unmerge(gate: nn.Linear = gate, up: nn.Linear = up) -> None:
+            def unmerge(mlp: nn.Module = module, gate: nn.Linear = gate, up: nn.Linear = up) -> None:
+                mlp.__dict__.pop(_GATE_UP, None)
                 for t in (gate.weight, up.weight, gate.bias, up.bias):
                     if t is not None:
                         t.data = t.data.clone()
