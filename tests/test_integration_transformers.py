@@ -19,6 +19,7 @@ import copy
 import functools
 import importlib
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -274,3 +275,19 @@ def test_gradients_reach_the_parameters():
         m(PROMPT).logits.square().sum().backward()
     for (name, a), b in zip(stock.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_bench_model_times_stock_and_kernelized_steps(tmp_path, capsys):
+    from vllm_ir import cli
+
+    out = tmp_path / "model.json"
+    argv = ["bench", "--model", "qwen3", "--layers", "1", "--hidden", "64", "--tokens", "4", "--quick", "--rounds", "1"]
+    assert cli.main([*argv, "--no-compile", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    variants = {f"{v} eager / {s}" for v in ("stock", "vllm-ir") for s in ("prefill", "decode")}
+    assert set(report["times"]) == variants == set(report["profile"])
+    assert all(t["median_us"] > 0 for t in report["times"].values())
+    assert all(0 < p["norm_act_share"] < 1 for p in report["profile"].values())
+    assert "share of eager step time in norms" in capsys.readouterr().out
+    assert cli.main(["bench", "--model", "gpt9"]) == 2
+    assert "unknown model 'gpt9'" in capsys.readouterr().err
