@@ -199,6 +199,12 @@ def test_second_call_is_a_no_op_and_undo_restores_the_stock_model():
     assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
     assert gate.untyped_storage().data_ptr() == model.model.layers[0].mlp.up_proj.weight.untyped_storage().data_ptr()
 
+    clone = copy.deepcopy(model)  # a copy of a kernelized model is kernelized, and undone on its own
+    with torch.no_grad():
+        torch.testing.assert_close(clone(PROMPT).logits, logits, **FP32)
+    assert hf.undo(clone) is True and "forward" not in clone.model.norm.__dict__
+    assert "forward" in model.model.norm.__dict__
+
     assert hf.undo(model) is True and hf.undo(model) is False
     assert all("forward" not in m.__dict__ for m in model.modules())
     assert all(not k.startswith("_vllm_ir") for m in model.modules() for k in m.__dict__)

@@ -99,9 +99,14 @@ class Report:
 
 @dataclass
 class _State:
+    """What `undo` reverts. Plain data (no closures), so that a deep copy of a kernelized model
+    carries a state that points at the copy's modules."""
+
     report: Report
-    #: Undo actions, run in reverse order.
-    undo: list[Callable[[], None]] = field(default_factory=list)
+    #: (module, attribute) pairs set on instances.
+    attributes: list[tuple[nn.Module, str]] = field(default_factory=list)
+    #: MLPs whose gate and up weights were merged.
+    merged: list[nn.Module] = field(default_factory=list)
 
 
 # --- recognition ------------------------------------------------------------------------------
@@ -167,6 +172,22 @@ def _norm_form(module: nn.Module) -> str | None:
     return None
 
 
+# Module-level functions (not partials of the ops): a deep copy of a kernelized model shares them.
+def _silu_and_mul(x: Tensor) -> Tensor:
+    return vllm_ir.ops.silu_and_mul(x)
+
+
+def _gelu_and_mul(x: Tensor) -> Tensor:
+    return vllm_ir.ops.gelu_and_mul(x, "none")
+
+
+def _gelu_tanh_and_mul(x: Tensor) -> Tensor:
+    return vllm_ir.ops.gelu_and_mul(x, "tanh")
+
+
+_GELU_AND_MUL = {"none": _gelu_and_mul, "tanh": _gelu_tanh_and_mul}
+
+
 def _gated_op(act: nn.Module) -> tuple[Callable[[Tensor], Tensor], str] | str:
     """The gated IR op equal to ``act(gate) * up`` for this activation module, or why there is none."""
     if _has_hooks(act) or "forward" in act.__dict__:
@@ -174,13 +195,12 @@ def _gated_op(act: nn.Module) -> tuple[Callable[[Tensor], Tensor], str] | str:
     kind = type(act)
     silu_types = (nn.SiLU, getattr(_hf_activations, "SiLUActivation", nn.SiLU))
     if kind in silu_types:
-        return vllm_ir.ops.silu_and_mul, "silu_and_mul"
+        return _silu_and_mul, "silu_and_mul"
     if kind is nn.GELU and act.approximate in ("none", "tanh"):
-        approximate = act.approximate
-        return functools.partial(vllm_ir.ops.gelu_and_mul, approximate=approximate), f"gelu_and_mul({approximate})"
+        return _GELU_AND_MUL[act.approximate], f"gelu_and_mul({act.approximate})"
     fn = getattr(act, "act", None)
     if kind is getattr(_hf_activations, "GELUActivation", None) and fn is F.gelu:
-        return functools.partial(vllm_ir.ops.gelu_and_mul, approximate="none"), "gelu_and_mul(none)"
+        return _gelu_and_mul, "gelu_and_mul(none)"
     if (
         kind in {getattr(_hf_activations, n, None) for n in ("GELUTanh", "PytorchGELUTanh")} - {None}
         and isinstance(fn, functools.partial)
@@ -188,7 +208,7 @@ def _gated_op(act: nn.Module) -> tuple[Callable[[Tensor], Tensor], str] | str:
         and fn.args == ()
         and fn.keywords == {"approximate": "tanh"}
     ):
-        return functools.partial(vllm_ir.ops.gelu_and_mul, approximate="tanh"), "gelu_and_mul(tanh)"
+        return _gelu_tanh_and_mul, "gelu_and_mul(tanh)"
     return f"no gated vllm-ir op computes its activation {kind.__name__} exactly"
 
 
@@ -359,12 +379,12 @@ def _layer_refusal(layer: nn.Module, rewritten_norms: set[int]) -> str | None:
 def _bind(module: nn.Module, name: str, fn: Callable[..., Any], state: _State) -> None:
     """Set ``module.<name>`` to ``fn`` bound to this instance; `undo` removes it."""
     module.__dict__[name] = types.MethodType(fn, module)
-    state.undo.append(lambda: module.__dict__.pop(name, None))
+    state.attributes.append((module, name))
 
 
 def _set(module: nn.Module, name: str, value: Any, state: _State) -> None:
     module.__dict__[name] = value
-    state.undo.append(lambda: module.__dict__.pop(name, None))
+    state.attributes.append((module, name))
 
 
 def kernelize(model: nn.Module, *, fuse_residual: bool = True) -> Report:
@@ -412,15 +432,7 @@ def kernelize(model: nn.Module, *, fuse_residual: bool = True) -> Report:
                 continue
             op, op_name = chosen
             _merge_gate_up(module)
-            gate, up = module.gate_proj, module.up_proj
-
-            def unmerge(mlp: nn.Module = module, gate: nn.Linear = gate, up: nn.Linear = up) -> None:
-                mlp.__dict__.pop(_GATE_UP, None)
-                for t in (gate.weight, up.weight, gate.bias, up.bias):
-                    if t is not None:
-                        t.data = t.data.clone()
-
-            state.undo.append(unmerge)
+            state.merged.append(module)
             _set(module, _GATED_OP, op, state)
             _bind(module, "forward", _mlp_forward, state)
             report.rewritten[path] = f"merged gate_up projection + {op_name}"
@@ -460,6 +472,11 @@ def undo(model: nn.Module) -> bool:
     state = model.__dict__.pop(_STATE, None)
     if state is None:
         return False
-    for action in reversed(state.undo):
-        action()
+    for mlp in state.merged:
+        mlp.__dict__.pop(_GATE_UP, None)
+        for t in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.gate_proj.bias, mlp.up_proj.bias):
+            if t is not None:
+                t.data = t.data.clone()  # own storage again
+    for module, name in state.attributes:
+        module.__dict__.pop(name, None)
     return True
