@@ -13,7 +13,8 @@ class or a library function, so another instance of the same model stays stock):
   (eager; under ``torch.compile`` vllm-ir's fusion pass also fuses the add that ends a layer
   with the next layer's input norm). In float32 the values are identical; in half precision
   the fused op normalizes the unrounded float32 sum (its documented semantics, as vLLM does),
-  within the op's tolerances. ``kernelize(model, fuse_residual=False)`` keeps the stock add.
+  within the op's tolerances; float64 keeps the stock add (a float32 sum would round it).
+  ``kernelize(model, fuse_residual=False)`` keeps the stock add in every dtype.
 * Gated MLPs (``down(act(gate(x)) * up(x))``) -> one projection into ``[gate | up]`` and
   ``silu_and_mul`` / ``gelu_and_mul``. The gate and up weights are merged into one tensor and
   the two parameters become views of it (no extra memory, ``state_dict`` unchanged, in-place
