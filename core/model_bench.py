@@ -186,10 +186,12 @@ def run(
         for step, fn in step_functions(model, prompt).items():
             fns[f"{label} / {step}"] = fn
     check = {step: fns[f"stock eager / {step}"]() for step in ("prefill", "decode")}
+    # Random-weight logits through every layer: loose bounds that still catch a wrong rewrite.
+    tolerance = 1e-3 if dtype == torch.float32 else 5e-2
     for key, fn in fns.items():  # also the compiles, before any timing
         out = fn()
         ref = check[key.rsplit(" / ", 1)[1]]
-        if not torch.allclose(out.float(), ref.float(), atol=1e-3, rtol=1e-3):
+        if not torch.allclose(out.float(), ref.float(), atol=tolerance, rtol=tolerance):
             raise RuntimeError(f"{key}: logits differ from the stock model's (max diff {(out - ref).abs().max():.3g})")
     spreads = bench.measure_rounds(fns, torch.device("cpu"), repeats=repeats, rounds=rounds)
     shares = {}
