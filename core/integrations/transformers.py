@@ -391,9 +391,10 @@ def _set(module: nn.Module, name: str, value: Any, state: _State) -> None:
 def kernelize(model: nn.Module, *, fuse_residual: bool = True) -> Report:
     """Rewrite ``model`` (a loaded transformers model) in place to call vllm-ir ops; return what changed.
 
-    Per instance only; a second call returns the first call's report and changes nothing;
-    `undo` restores the stock model. ``fuse_residual=False`` keeps the decoder layers' own
-    residual adds (bit-identical to stock in every dtype, up to the kernels' tolerances).
+    Per instance only; a second call returns the first call's report and changes nothing
+    (whatever its options: `undo` first to change them); `undo` restores the stock model.
+    ``fuse_residual=False`` keeps the decoder layers' own residual adds: then, on the native
+    provider, the rewritten model is bit-identical to stock in every dtype.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"vllm_ir.integrations.transformers.kernelize: expected a torch.nn.Module, not {type(model)}")
