@@ -488,6 +488,7 @@ def main(args: Any) -> int:
         tokens = args.tokens or [1, 16, 256, 4096]
         repeats, copy_mib, rounds = 8, 256, 5
     rounds = getattr(args, "rounds", None) or rounds
+    args.hidden = args.hidden or 4096
     vllm_ir.load_providers()
     if args.device is None:
         args.device = vllm_ir.current_platform().device_type

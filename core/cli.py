@@ -641,7 +641,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"activation dtypes, comma-separated: {', '.join(FLOAT_DTYPES)} (default: float32,bfloat16)",
     )
     bench.add_argument("--tokens", type=_positive_int_list, default=None, help="e.g. 1,16,256,4096")
-    bench.add_argument("--hidden", type=_positive_int, default=4096)
+    bench.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (default: 4096; --model: 1024)")
+    bench.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="time a transformers model instead of ops: llama, mistral, qwen2, qwen3 or gemma (random weights), "
+        "stock vs kernelized, eager and compiled; --tokens is then the prompt length (default 128)",
+    )
+    bench.add_argument("--layers", type=_positive_int, default=2, help="decoder layers of the --model (default: 2)")
+    bench.add_argument("--no-compile", action="store_true", help="with --model: eager variants only")
     bench.add_argument(
         "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
     )
@@ -664,6 +673,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        from vllm_ir import model_bench
+
+        return model_bench.main(args)
     from vllm_ir import bench
 
     return bench.main(args)
