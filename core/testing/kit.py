@@ -12,7 +12,7 @@ or from the command line for any installed provider::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import pytest
@@ -80,6 +80,8 @@ def conformance_tests(
     examples: int = 20,
     dtypes: tuple[torch.dtype, ...] = DTYPES,
     compiled: bool | str = True,
+    ops: Collection[str] | Callable[[str], bool] | None = None,
+    label: str = "",
 ) -> dict[str, Callable[..., Any]]:
     """pytest test functions that check every implementation of ``provider`` against its op.
 
@@ -88,8 +90,15 @@ def conformance_tests(
     :param dtypes: activation dtypes to cover (each one costs a compile for compiling providers);
         float64 is added for implementations whose predicate accepts float64 calls.
     :param compiled: check eager vs ``vllm_ir.compile``; a string skips that check with the string as reason.
+    :param ops: only these ops' implementations (names, or a predicate on the name), e.g. to give
+        a slow back-end's costly ops fewer dtypes in a second call.
+    :param label: inserted into the test names (``test_conformance_<provider>_<label>_...``), so
+        that two calls for one provider define distinct tests.
     """
     impls = provider_impls(provider)
+    if ops is not None:
+        wanted = ops if callable(ops) else (lambda name, names=frozenset(ops): name in names)
+        impls = [i for i in impls if wanted(i.op_name)]
     ops = [vllm_ir.ops.__getattr__(i.op_name) for i in impls]
     op_dtypes = {i.op_name: _dtypes_of(op, i, dtypes) for op, i in zip(ops, impls, strict=True)}
     grid_params = [
@@ -172,9 +181,8 @@ def conformance_tests(
         "overload_semantics": test_overload_semantics,
         "opcheck": test_opcheck,
     }
-    return {
-        f"test_conformance_{provider}_{k}": _renamed(f, f"test_conformance_{provider}_{k}") for k, f in names.items()
-    }
+    prefix = f"test_conformance_{provider}_{label}_" if label else f"test_conformance_{provider}_"
+    return {f"{prefix}{k}": _renamed(f, f"{prefix}{k}") for k, f in names.items()}
 
 
 def _renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:

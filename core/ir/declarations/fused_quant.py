@@ -257,16 +257,13 @@ silu_and_mul_static_fp8_quant.add_input_variant("e4m3fnuz", fp8_dtype=torch.floa
 # Groups of 16 where a variant needs several groups in the kit's 64-wide rows.
 for _name, _options in {
     "group_64": {"group_size": 64},
-    "group_16_no_residual": {"group_size": 16, "with_residual": False},
-    "fp32_weight": {"group_size": 16, "weight_dtype": torch.float32},
-    "no_weight": {"with_weight": False},
-    "column_major": {"group_size": 16, "column_major": True},
-    "ue8m0_no_residual": {"group_size": 16, "use_ue8m0": True, "with_residual": False},
+    "no_residual_ue8m0": {"group_size": 16, "with_residual": False, "use_ue8m0": True},
+    "fp32_weight_column_major": {"group_size": 16, "weight_dtype": torch.float32, "column_major": True},
+    "no_weight_no_residual": {"group_size": 16, "with_weight": False, "with_residual": False},
     "e4m3fnuz": {"group_size": 16, "fp8_dtype": torch.float8_e4m3fnuz},
 }.items():
     rms_norm_group_fp8_quant.add_input_variant(_name, **_options)
 for _name, _options in {
-    "group_16": {"group_size": 16},
     "column_major_ue8m0": {"group_size": 16, "column_major": True, "use_ue8m0": True},
     "e4m3fnuz": {"group_size": 16, "fp8_dtype": torch.float8_e4m3fnuz},
 }.items():
