@@ -2,14 +2,17 @@
 
 Each op's native function is exactly the composition of the existing ops' native functions
 (shared/OPS.md 4.7): the norm (or activation) result is rounded to the model dtype, then
-quantized as `static_quant_fp8` / `dynamic_quant_fp8` would, so a fusion that rewrites
+quantized as `static_quant_fp8` / `dynamic_quant_fp8` / `dynamic_group_quant_fp8` would
+(groups of 128 or 64 for DeepSeek-V3 / Qwen style block FP8, UE8M0 and column-major scales
+included), so a fusion that rewrites
 ``quant(norm(x))`` into one of these ops never changes a value under the native provider.
 A kernel keeps the intermediate in registers instead of writing it and reading it back.
 
 Residual variants update the residual in the model dtype (``x + residual`` rounded once, as
 `fused_add_rms_norm` returns it); ``maybe_inplace`` lets a kernel write it into
 ``x_residual``. The quantized output is compared by dequantized value (fp8 rounding of a
-value a kernel computes in a different order may move one fp8 step).
+value a kernel computes in a different order may move one fp8 step; a dynamic scale may move
+by one ulp of the model dtype, the absmax being of a value rounded to it).
 """
 
 from __future__ import annotations
