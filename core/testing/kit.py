@@ -82,6 +82,7 @@ def conformance_tests(
     compiled: bool | str = True,
     ops: Collection[str] | Callable[[str], bool] | None = None,
     label: str = "",
+    focused_variants: bool = True,
 ) -> dict[str, Callable[..., Any]]:
     """pytest test functions that check every implementation of ``provider`` against its op.
 
@@ -94,6 +95,9 @@ def conformance_tests(
         a slow back-end's costly ops fewer dtypes in a second call.
     :param label: inserted into the test names (``test_conformance_<provider>_<label>_...``), so
         that two calls for one provider define distinct tests.
+    :param focused_variants: run the focused checks (predicate hygiene, cache agreement,
+        overloads) on every input variant too; False keeps them to the default variant's
+        layouts (the numerics grid still covers every variant), for slow back-ends.
     """
     impls = provider_impls(provider)
     if ops is not None:
@@ -111,6 +115,7 @@ def conformance_tests(
         for op in ops
         for case in grid(op, small=True, dtypes=op_dtypes[op.name])
         if case.shape in ((3, 7), (3, 64), (2, 3, 64), (5, 64))
+        and (focused_variants or case.variant in ("default", "3d"))
     ]
     # One row without a token dimension too: its only dimension is the hidden size, a key fact.
     cache_params = focused + [

@@ -250,11 +250,14 @@ silu_and_mul_group_fp8_quant.input_generator(_silu_group_inputs)
 
 for _op in (rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant, rms_norm_dynamic_per_token_fp8_quant):
     _op.add_input_variant("fp32_weight", weight_dtype=torch.float32)
-    _op.add_input_variant("no_weight", with_weight=False)
-    _op.add_input_variant("eps_1e_5", epsilon=1e-5)
+    _op.add_input_variant("no_weight_eps_1e_5", with_weight=False, epsilon=1e-5)
+# Options combined where they are independent (each variant costs every provider's kit cases).
+for _op in (rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant):
     _op.add_input_variant("e4m3fnuz", fp8_dtype=torch.float8_e4m3fnuz)
+rms_norm_dynamic_per_token_fp8_quant.add_input_variant(
+    "e4m3fnuz_scale_ub", fp8_dtype=torch.float8_e4m3fnuz, scale_ub=0.5
+)
 rms_norm_dynamic_per_token_fp8_quant.add_input_variant("no_residual", with_residual=False)
-rms_norm_dynamic_per_token_fp8_quant.add_input_variant("scale_ub", scale_ub=0.5)
 rms_norm_dynamic_per_token_fp8_quant.add_input_variant("no_residual_scale_ub", with_residual=False, scale_ub=0.5)
 silu_and_mul_static_fp8_quant.add_input_variant("e4m3fnuz", fp8_dtype=torch.float8_e4m3fnuz)
 # Groups of 16 where a variant needs several groups in the kit's 64-wide rows.
