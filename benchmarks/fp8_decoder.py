@@ -9,7 +9,7 @@ fp32, rounded to bf16) and multiplied by bf16 weights: the matmuls are bf16 matm
 dequantized values (no FP8 GEMM on this CPU), which is what a CPU run of an FP8 checkpoint
 with activation quantization computes. ``--quant`` picks the activation quantization:
 
-- ``static``: per-tensor static scales (fixed: 8 / 448, no norm or SwiGLU output clamps);
+- ``static``: per-tensor static scales (fixed: 8 / 448, so values up to 8 in magnitude are not clamped);
   the attention output gets per-token dynamic quant (nothing to fuse it with);
 - ``group``: per-token groups of 128 (``dynamic_group_quant_fp8``, DeepSeek-V3 style) everywhere.
 
