@@ -9,7 +9,11 @@ float8_e4m3fn q, median microseconds per call of the kernels alone (preallocated
 - ``add+st`` / ``f.add st``: the same with a residual (``fused_add_rms_norm_out`` then
   ``static_quant_fp8``, against ``fused_add_rms_norm_static_fp8_quant``);
 - ``norm+dyn`` / ``f.dyn``: ``rms_norm`` then per-token ``dynamic_quant_fp8``, against
-  ``rms_norm_dynamic_per_token_fp8_quant`` without residual.
+  ``rms_norm_dynamic_per_token_fp8_quant`` without residual;
+- ``norm+grp`` / ``f.grp``: ``rms_norm`` then ``dynamic_group_quant_fp8`` (groups of 128),
+  against ``rms_norm_group_fp8_quant`` without residual;
+- ``silu+grp`` / ``f.s.grp``: ``silu_and_mul`` of a [T, 2 * hidden] input then group quant,
+  against ``silu_and_mul_group_fp8_quant``.
 
 Ratios: unfused time over fused (>1: the fused kernel is faster). Variants are timed in
 interleaved rounds and each keeps its best round's median (the machine is shared and noisy).
@@ -47,8 +51,20 @@ def main() -> None:
         f"vllm_c CPU variant {vllm_ir_provider_vllm_c.cpu_capability()}"
     )
     print(f"bf16 [T, {args.hidden}] -> float8_e4m3fn, median us per call (best of {args.rounds} rounds)")
-    names = ("norm+st", "fused st", "add+st", "f.add st", "norm+dyn", "f.dyn")
-    print(f"{'T':>5} " + " ".join(f"{n:>9}" for n in names) + f" | {'st x':>5} {'add x':>5} {'dyn x':>5}")
+    names = (
+        "norm+st",
+        "fused st",
+        "add+st",
+        "f.add st",
+        "norm+dyn",
+        "f.dyn",
+        "norm+grp",
+        "f.grp",
+        "silu+grp",
+        "f.s.grp",
+    )
+    ratios = ("st x", "add x", "dyn x", "grp x", "s.g x")
+    print(f"{'T':>5} " + " ".join(f"{n:>9}" for n in names) + " | " + " ".join(f"{r:>5}" for r in ratios))
     for t in (int(s) for s in args.tokens.split(",")):
         _row(t, args)
 
@@ -65,6 +81,8 @@ def _row(t: int, args: argparse.Namespace) -> None:
     r_out = torch.empty_like(x)
     q = torch.empty(t, h, dtype=torch.float8_e4m3fn)
     scales = torch.empty(t, 1)
+    gate_up = torch.randn(t, 2 * h, generator=g).bfloat16()
+    group_scales = torch.empty(t, h // 128)
     calls = {
         "norm+st": lambda: (c.rms_norm(y, x, w, EPS), c.static_quant_fp8(q, y, scale)),
         "fused st": lambda: c.rms_norm_static_fp8_quant(q, x, w, scale, EPS),
@@ -72,6 +90,10 @@ def _row(t: int, args: argparse.Namespace) -> None:
         "f.add st": lambda: c.fused_add_rms_norm_static_fp8_quant(q, r_out, x, r, w, scale, EPS),
         "norm+dyn": lambda: (c.rms_norm(y, x, w, EPS), c.dynamic_quant_fp8(q, scales, y, None, True)),
         "f.dyn": lambda: c.rms_norm_dynamic_per_token_fp8_quant(q, scales, None, x, None, w, None, EPS),
+        "norm+grp": lambda: (c.rms_norm(y, x, w, EPS), c.dynamic_group_quant_fp8(q, group_scales, y, 128, False)),
+        "f.grp": lambda: c.rms_norm_group_fp8_quant(q, group_scales, None, x, None, w, 128, False, EPS),
+        "silu+grp": lambda: (c.silu_and_mul(y, gate_up), c.dynamic_group_quant_fp8(q, group_scales, y, 128, False)),
+        "f.s.grp": lambda: c.silu_and_mul_group_fp8_quant(q, group_scales, gate_up, 128, False),
     }
     repeats = max(5, min(200, 2_000_000 // max(t * h, 1)))
     best: dict[str, float] = {}
@@ -83,6 +105,8 @@ def _row(t: int, args: argparse.Namespace) -> None:
         best["norm+st"] / best["fused st"],
         best["add+st"] / best["f.add st"],
         best["norm+dyn"] / best["f.dyn"],
+        best["norm+grp"] / best["f.grp"],
+        best["silu+grp"] / best["f.s.grp"],
     )
     print(f"{t:>5} " + " ".join(f"{best[n]:9.1f}" for n in calls) + " | " + " ".join(f"{v:5.2f}" for v in ratios))
 

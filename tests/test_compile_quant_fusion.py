@@ -26,8 +26,17 @@ FUSED = (
     "fused_add_rms_norm_static_fp8_quant",
     "rms_norm_dynamic_per_token_fp8_quant",
     "silu_and_mul_static_fp8_quant",
+    "rms_norm_group_fp8_quant",
+    "silu_and_mul_group_fp8_quant",
 )
-UNFUSED = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "static_quant_fp8", "dynamic_quant_fp8")
+UNFUSED = (
+    "rms_norm",
+    "fused_add_rms_norm",
+    "silu_and_mul",
+    "static_quant_fp8",
+    "dynamic_quant_fp8",
+    "dynamic_group_quant_fp8",
+)
 VLLM_C_FIRST = {name: ["vllm_c"] for name in FUSED + UNFUSED}
 #: As above, but silu_and_mul_static_fp8_quant left at the default compile priority (native only).
 NO_SILU_QUANT = {name: p for name, p in VLLM_C_FIRST.items() if name != "silu_and_mul_static_fp8_quant"}
@@ -44,9 +53,14 @@ def _vllm_c_and_fresh_compiles():
         yield
 
 
+#: Fusions in `_model`.
+PAIRS = 8
+
+
 def _model(eps: float):
     """Every fusable pattern once: norm+static, add+norm+static, norm+dynamic (with ub),
-    add+norm+dynamic, and silu_and_mul+static."""
+    add+norm+dynamic, silu_and_mul+static, norm+group, add+norm+group (column-major UE8M0
+    scales) and silu_and_mul+group."""
 
     def model(x, r, w, scale, ub, g):
         q1 = ops.static_quant_fp8(ops.rms_norm(x, w, eps), scale, FP8)
@@ -56,7 +70,11 @@ def _model(eps: float):
         y4, r4 = ops.fused_add_rms_norm(x, r2, w, eps)
         q4, s4 = ops.dynamic_quant_fp8(y4, True, FP8)
         q5 = ops.static_quant_fp8(ops.silu_and_mul(g), scale, FP8)
-        return q1, q2, r2, q3, s3, q4, s4, r4, q5
+        q6, s6 = ops.dynamic_group_quant_fp8(ops.rms_norm(r4, w, eps), 16, False, False, FP8)
+        y7, r7 = ops.fused_add_rms_norm(x, r4, w, eps)
+        q7, s7 = ops.dynamic_group_quant_fp8(y7, 16, True, True, FP8)
+        q8, s8 = ops.dynamic_group_quant_fp8(ops.silu_and_mul(g), 32, False, False, FP8)
+        return q1, q2, r2, q3, s3, q4, s4, r4, q5, q6, s6, q7, s7, r7, q8, s8
 
     return model
 
@@ -108,9 +126,10 @@ def test_norm_quant_pairs_fuse_under_vllm_c_priority(eps, dtype, weight_dtype):
         out = compiled(*args)
     _assert_same_dequantized(out, expected, dtype)
     _assert_same_dequantized(out, model(*args), dtype)  # eager, unfused, native-equivalent kernels
+    assert out[12].stride() == expected[12].stride() == (1, 5)  # column-major group scales stay so
     report = record.graphs[0]
     fused = [f for f in report.fusions if f.startswith("quant:")]
-    assert len(fused) == 5 and not report.fusions_rejected, (report.fusions, report.fusions_rejected)
+    assert len(fused) == PAIRS and not report.fusions_rejected, (report.fusions, report.fusions_rejected)
     assert set(report.selected_impls) == set(FUSED)
     assert all(p == "vllm_c" for op in FUSED for p in report.selected_impls[op].values())
 
@@ -124,7 +143,7 @@ def test_a_fused_op_only_native_would_run_stays_unfused():
         compiled, record = compile_with_passes(model)
         _assert_same_dequantized(compiled(*args), model(*args), torch.bfloat16)
     report = record.graphs[0]
-    assert len([f for f in report.fusions if f.startswith("quant:")]) == 4
+    assert len([f for f in report.fusions if f.startswith("quant:")]) == PAIRS - 1
     (rejected,) = report.fusions_rejected
     assert "silu_and_mul" in rejected and "only the native silu_and_mul_static_fp8_quant" in rejected
     assert report.selected_impls["silu_and_mul"] and report.selected_impls["static_quant_fp8"]
@@ -138,7 +157,7 @@ def test_default_compile_priority_leaves_pairs_unfused_with_reasons():
     _assert_same_dequantized(compiled(*args), model(*args))
     report = record.graphs[0]
     assert not [f for f in report.fusions if f.startswith("quant:")]
-    assert len(report.fusions_rejected) == 5
+    assert len(report.fusions_rejected) == PAIRS
     assert all("only the native" in r for r in report.fusions_rejected)
 
 

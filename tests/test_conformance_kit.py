@@ -124,6 +124,20 @@ def test_grid_covers_float64_where_the_predicate_accepts_it():
     assert not any("float64" in i for i in _grid_ids(conformance_tests("kit_no_f64"), "kit_no_f64"))
 
 
+def test_ops_label_and_focused_variants_select_the_generated_tests():
+    """``ops`` keeps the named ops' implementations, ``label`` renames the tests, and
+    ``focused_variants=False`` keeps the focused checks to the default variant's layouts."""
+    _register("kit_sel")
+    tests = conformance_tests("kit_sel", ops={"rms_norm"}, label="part", focused_variants=False)
+    assert "test_conformance_kit_sel_part_numerics" in tests
+    (mark,) = [
+        m for m in tests["test_conformance_kit_sel_part_predicate_hygiene"].pytestmark if m.name == "parametrize"
+    ]
+    focused = [p.id for p in mark.args[1]]
+    assert focused and all(i.split("-")[3] in ("default", "3d") for i in focused), focused
+    assert any(i.split("-")[3] not in ("default", "3d") for i in _grid_ids(conformance_tests("kit_sel"), "kit_sel"))
+
+
 def test_float64_kernel_that_does_not_match_native_is_caught():
     with pytest.raises(AssertionError, match=r"provider 'kit_f64x'.*float64.*x the tolerance"):
         check_numerics(*_register("kit_f64x", _float64_exact), Case((3, 64), torch.float64))

@@ -18,13 +18,29 @@ if importlib.util.find_spec("vllm_ir_provider_triton") is None or importlib.util
 # tests/conftest.py sets it for the whole session (Triton reads it once); this guards direct runs.
 os.environ["TRITON_INTERPRET"] = "1"
 
+import torch
+
+from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
 from vllm_ir.testing import conformance_tests
 
+COMPILED = "torch.compile over Triton kernels needs a GPU (fake tensors have no data for the interpreter)"
+#: The fused norm/SwiGLU + FP8 quant ops have many input variants: bfloat16 only (the dtype
+#: whose roundings matter most; the kernels' dtype handling is shared with the ops above), the
+#: focused checks on the default variant's layouts (the numerics grid covers every variant).
+FUSED = frozenset(op.name for op in FUSED_QUANT_OPS)
+
+globals().update(
+    conformance_tests("triton", small=True, examples=10, compiled=COMPILED, ops=lambda name: name not in FUSED)
+)
 globals().update(
     conformance_tests(
         "triton",
         small=True,
-        examples=10,
-        compiled="torch.compile over Triton kernels needs a GPU (fake tensors have no data for the interpreter)",
+        examples=4,
+        dtypes=(torch.bfloat16,),
+        compiled=COMPILED,
+        ops=FUSED,
+        label="fused_quant",
+        focused_variants=False,
     )
 )

@@ -9,7 +9,9 @@ and an implementation may claim ``exact=True`` (zero tolerance). Ops may declare
   fp8 step apart. The quantized outputs dequantize (``dequantize(args, outputs)``) to within
   ``atol + rtol * |x|`` of the input, at most ``max_mismatch`` of their elements differ from
   native's, and scales match native's within float32 tolerance wherever native's is above
-  ``scale_floor(args)`` (below it providers floor differently). An implementation that claims
+  ``scale_floor(args)`` (below it providers floor differently; ``scale_rtol(args)`` widens
+  their relative tolerance where a scale is the absmax of a value rounded to a narrower
+  dtype, which moves by that dtype's ulp when the value's last bit does). An implementation that claims
   ``exact=True`` is held to bitwise equality instead.
 
 Every mode also: compares only the first ``valid_rows(args)`` rows of the ``padded`` outputs
@@ -48,6 +50,8 @@ class Comparison:
     scales: tuple[int, ...] = ()
     dequantize: Callable[[tuple, tuple[Tensor, ...]], Tensor] | None = None
     scale_floor: Callable[[tuple], float] | None = None
+    #: dequantized mode: the scales' relative tolerance for these args (at least float32's).
+    scale_rtol: Callable[[tuple], float] | None = None
     #: dequantized mode: the values q * scale approximates (default ``args[0]``, the input of a
     #: plain quant op; a fused op's is its unquantized intermediate, e.g. the normalized x).
     reference: Callable[[tuple], Tensor] | None = None

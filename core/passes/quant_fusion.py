@@ -1,8 +1,8 @@
 """Norm / activation + FP8 quant fusion over IR nodes, decided by the compile-mode priority.
 
-Candidates are a quant IR node (`static_quant_fp8`, per-token `dynamic_quant_fp8`) whose
-input is the result of an `rms_norm`, `fused_add_rms_norm` (its normalized output) or
-`silu_and_mul` IR node. Nothing about the kernels is matched: every epsilon, weight dtype and
+Candidates are a quant IR node (`static_quant_fp8`, per-token `dynamic_quant_fp8`,
+`dynamic_group_quant_fp8`) whose input is the result of an `rms_norm`, `fused_add_rms_norm`
+(its normalized output) or `silu_and_mul` IR node. Nothing about the kernels is matched: every epsilon, weight dtype and
 scale layout the fused op's native function accepts is a candidate, and lowering then picks
 the fused op's kernel like any other node's.
 
@@ -127,6 +127,20 @@ class QuantFusion(GraphFusion):
             x, residual, weight, eps, _ = pargs
             fused_args = (x, residual, weight, eps, scale, fp8_dtype)
             return _Candidate(quant, producer, normed, "fused_add_rms_norm_static_fp8_quant", fused_args), None
+        if kind == "group":
+            _, group_size, column_major, use_ue8m0, fp8_dtype = qargs
+            quant_args = (group_size, column_major, use_ue8m0, fp8_dtype)
+            if pop.name == "silu_and_mul":
+                return _Candidate(
+                    quant, producer, normed, "silu_and_mul_group_fp8_quant", (pargs[0], *quant_args)
+                ), None
+            if pop.name == "rms_norm":
+                x, weight, eps, _ = pargs
+                residual = None
+            else:
+                x, residual, weight, eps, _ = pargs
+            fused_args = (x, residual, weight, eps, *quant_args)
+            return _Candidate(quant, producer, normed, "rms_norm_group_fp8_quant", fused_args), None
         _, per_token, fp8_dtype, scale_ub, padding = qargs
         if not per_token:
             return None, f"{where}: per-tensor dynamic quant (its scale needs every row first: no one-pass fused op)"
@@ -185,7 +199,7 @@ class QuantFusion(GraphFusion):
         donated = donated_params(c.producer)
         if donated:
             mark_donated(fused, donated)
-        if c.fused_op == "rms_norm_dynamic_per_token_fp8_quant":
+        if c.fused_op in ("rms_norm_dynamic_per_token_fp8_quant", "rms_norm_group_fp8_quant"):
             fused.meta["val"] = (*q_val, residual_val)
             c.quant.replace_all_uses_with(fused)  # (q, scale) keep their getitem positions
             residual_index = 2
@@ -196,7 +210,7 @@ class QuantFusion(GraphFusion):
             q.meta["val"] = q_val
             c.quant.replace_all_uses_with(q)
             residual_index = 1
-        else:
+        else:  # one output (static) or (q, scales) (group): the quant's own
             fused.meta["val"] = q_val
             c.quant.replace_all_uses_with(fused)
             residual_index = -1
@@ -217,4 +231,6 @@ def _quant_kind(node: fx.Node) -> str | None:
     op = ir_op_of(node)
     if op is None:
         return None
-    return {"static_quant_fp8": "static", "dynamic_quant_fp8": "dynamic"}.get(op.name)
+    return {"static_quant_fp8": "static", "dynamic_quant_fp8": "dynamic", "dynamic_group_quant_fp8": "group"}.get(
+        op.name
+    )

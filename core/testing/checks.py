@@ -178,6 +178,8 @@ def _compare_dequantized(
         )
     floor = spec.scale_floor(args) if spec.scale_floor is not None and args is not None else 0.0
     atol, rtol = op.tolerance(torch.float32)
+    if spec.scale_rtol is not None and args is not None:
+        rtol = max(rtol, spec.scale_rtol(args))
     worst_abs, worst_ratio = 0.0, 0.0
     for i in spec.scales:
         a, e = got[i].to(torch.float64), want[i].to(torch.float64)

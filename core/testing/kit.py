@@ -12,7 +12,7 @@ or from the command line for any installed provider::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import pytest
@@ -95,6 +95,9 @@ def conformance_tests(
     dtypes: tuple[torch.dtype, ...] = DTYPES,
     compiled: bool | str = True,
     device: str = "cpu",
+    ops: Collection[str] | Callable[[str], bool] | None = None,
+    label: str = "",
+    focused_variants: bool = True,
 ) -> dict[str, Callable[..., Any]]:
     """pytest test functions that check every implementation of ``provider`` against its op.
 
@@ -105,8 +108,18 @@ def conformance_tests(
     :param compiled: check eager vs ``vllm_ir.compile``; a string skips that check with the string as reason.
     :param device: where the inputs live (``"cuda"`` for a GPU provider); every test skips, with
         the reason, where this torch has no such device.
+    :param ops: only these ops' implementations (names, or a predicate on the name), e.g. to give
+        a slow back-end's costly ops fewer dtypes in a second call.
+    :param label: inserted into the test names (``test_conformance_<provider>_<label>_...``), so
+        that two calls for one provider define distinct tests.
+    :param focused_variants: run the focused checks (predicate hygiene, cache agreement,
+        overloads) on every input variant too; False keeps them to the default variant's
+        layouts (the numerics grid still covers every variant), for slow back-ends.
     """
     impls = provider_impls(provider)
+    if ops is not None:
+        wanted = ops if callable(ops) else (lambda name, names=frozenset(ops): name in names)
+        impls = [i for i in impls if wanted(i.op_name)]
     ops = [vllm_ir.ops.__getattr__(i.op_name) for i in impls]
     op_dtypes = {i.op_name: _dtypes_of(op, i, dtypes, device) for op, i in zip(ops, impls, strict=True)}
     grid_params = [
@@ -119,6 +132,7 @@ def conformance_tests(
         for op in ops
         for case in grid(op, small=True, dtypes=op_dtypes[op.name])
         if case.shape in ((3, 7), (3, 64), (2, 3, 64), (5, 64))
+        and (focused_variants or case.variant in ("default", "3d"))
     ]
     # One row without a token dimension too: its only dimension is the hidden size, a key fact.
     cache_params = focused + [
@@ -195,9 +209,8 @@ def conformance_tests(
         "overload_semantics": test_overload_semantics,
         "opcheck": test_opcheck,
     }
-    return {
-        f"test_conformance_{provider}_{k}": _renamed(f, f"test_conformance_{provider}_{k}") for k, f in names.items()
-    }
+    prefix = f"test_conformance_{provider}_{label}_" if label else f"test_conformance_{provider}_"
+    return {f"{prefix}{k}": _renamed(f, f"{prefix}{k}") for k, f in names.items()}
 
 
 def _renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -2,14 +2,17 @@
 
 Each op's native function is exactly the composition of the existing ops' native functions
 (shared/OPS.md 4.7): the norm (or activation) result is rounded to the model dtype, then
-quantized as `static_quant_fp8` / `dynamic_quant_fp8` would, so a fusion that rewrites
+quantized as `static_quant_fp8` / `dynamic_quant_fp8` / `dynamic_group_quant_fp8` would
+(groups of 128 or 64 for DeepSeek-V3 / Qwen style block FP8, UE8M0 and column-major scales
+included), so a fusion that rewrites
 ``quant(norm(x))`` into one of these ops never changes a value under the native provider.
 A kernel keeps the intermediate in registers instead of writing it and reading it back.
 
 Residual variants update the residual in the model dtype (``x + residual`` rounded once, as
 `fused_add_rms_norm` returns it); ``maybe_inplace`` lets a kernel write it into
 ``x_residual``. The quantized output is compared by dequantized value (fp8 rounding of a
-value a kernel computes in a different order may move one fp8 step).
+value a kernel computes in a different order may move one fp8 step; a dynamic scale may move
+by one ulp of the model dtype, the absmax being of a value rounded to it).
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from vllm_ir.ir.declarations.layernorm import fused_add_rms_norm, rms_norm
 from vllm_ir.ir.declarations.quant import (
     _activation,
     _dequantize_dynamic,
+    _dequantize_group,
     _dequantize_static,
     _floor,
     broadcast_scale,
+    dynamic_group_quant_fp8,
     dynamic_quant_fp8,
     fp8_max,
     static_quant_fp8,
@@ -79,11 +84,46 @@ def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dty
     return static_quant_fp8.fn(silu_and_mul.fn(x), scale, fp8_dtype)
 
 
+@register_op(allow_inplace=True, activations=("x", "x_residual"))
+def rms_norm_group_fp8_quant(
+    x: Tensor,
+    x_residual: Tensor | None,
+    weight: Tensor | None,
+    epsilon: float,
+    group_size: int,
+    column_major: bool,
+    use_ue8m0: bool,
+    fp8_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(q, scales, residual)``: `rms_norm` (or `fused_add_rms_norm` when ``x_residual`` is
+    given) then `dynamic_group_quant_fp8` (groups of ``group_size`` along the row: 128 for
+    DeepSeek-V3 / Qwen FP8 blocks, 64; UE8M0 and column-major scales as that op has them);
+    ``residual`` is None without ``x_residual``, else the new residual (``maybe_inplace`` may
+    write it into ``x_residual``)."""
+    if x_residual is None:
+        y, residual = rms_norm.fn(x, weight, epsilon), None
+    else:
+        y, residual = fused_add_rms_norm.fn(x, x_residual, weight, epsilon)
+    q, scales = dynamic_group_quant_fp8.fn(y, group_size, column_major, use_ue8m0, fp8_dtype)
+    return q, scales, residual
+
+
+@register_op
+def silu_and_mul_group_fp8_quant(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """``dynamic_group_quant_fp8(silu_and_mul(x), group_size, column_major, use_ue8m0, fp8_dtype)``:
+    the down projection's input of a block-quantized FP8 MLP."""
+    return dynamic_group_quant_fp8.fn(silu_and_mul.fn(x), group_size, column_major, use_ue8m0, fp8_dtype)
+
+
 FUSED_QUANT_OPS = (
     rms_norm_static_fp8_quant,
     fused_add_rms_norm_static_fp8_quant,
     rms_norm_dynamic_per_token_fp8_quant,
     silu_and_mul_static_fp8_quant,
+    rms_norm_group_fp8_quant,
+    silu_and_mul_group_fp8_quant,
 )
 
 
@@ -161,20 +201,86 @@ def _silu_static_inputs(
     return x, _static_scale(silu_and_mul.fn(x), fp8_dtype, device), fp8_dtype
 
 
+def _norm_group_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    epsilon: float = 1e-6,
+    group_size: int = 128,
+    column_major: bool = False,
+    use_ue8m0: bool = False,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    with_residual: bool = True,
+    seed: int = 0,
+    **options: object,
+) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    x = _activation(shape, dtype, device, g)
+    residual = _activation(shape, dtype, device, g) if with_residual else None
+    weight = _weight(shape[-1], dtype, device, g, options)
+    column_major = column_major and len(shape) >= 2  # a 1-D x has no column-major scales
+    return x, residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype
+
+
+def _silu_group_inputs(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    group_size: int = 128,
+    column_major: bool = False,
+    use_ue8m0: bool = False,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    seed: int = 0,
+) -> tuple:
+    """``x`` of shape ``[*shape[:-1], 2 * shape[-1]]`` (``shape`` names the output), ~ N(0, 2)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (2.0 * torch.randn((*shape[:-1], 2 * shape[-1]), generator=g, dtype=torch.float32)).to(device, dtype)
+    column_major = column_major and len(shape) >= 2
+    return x, group_size, column_major, use_ue8m0, fp8_dtype
+
+
 rms_norm_static_fp8_quant.input_generator(_norm_static_inputs(with_residual=False))
 fused_add_rms_norm_static_fp8_quant.input_generator(_norm_static_inputs(with_residual=True))
 rms_norm_dynamic_per_token_fp8_quant.input_generator(_norm_dynamic_inputs)
 silu_and_mul_static_fp8_quant.input_generator(_silu_static_inputs)
+rms_norm_group_fp8_quant.input_generator(_norm_group_inputs)
+silu_and_mul_group_fp8_quant.input_generator(_silu_group_inputs)
 
 for _op in (rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant, rms_norm_dynamic_per_token_fp8_quant):
     _op.add_input_variant("fp32_weight", weight_dtype=torch.float32)
-    _op.add_input_variant("no_weight", with_weight=False)
-    _op.add_input_variant("eps_1e_5", epsilon=1e-5)
+    _op.add_input_variant("no_weight_eps_1e_5", with_weight=False, epsilon=1e-5)
+# Options combined where they are independent (each variant costs every provider's kit cases).
+for _op in (rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant):
     _op.add_input_variant("e4m3fnuz", fp8_dtype=torch.float8_e4m3fnuz)
+rms_norm_dynamic_per_token_fp8_quant.add_input_variant(
+    "e4m3fnuz_scale_ub", fp8_dtype=torch.float8_e4m3fnuz, scale_ub=0.5
+)
 rms_norm_dynamic_per_token_fp8_quant.add_input_variant("no_residual", with_residual=False)
-rms_norm_dynamic_per_token_fp8_quant.add_input_variant("scale_ub", scale_ub=0.5)
 rms_norm_dynamic_per_token_fp8_quant.add_input_variant("no_residual_scale_ub", with_residual=False, scale_ub=0.5)
 silu_and_mul_static_fp8_quant.add_input_variant("e4m3fnuz", fp8_dtype=torch.float8_e4m3fnuz)
+# Groups of 16 where a variant needs several groups in the kit's 64-wide rows.
+for _name, _options in {
+    "group_64": {"group_size": 64},
+    "no_residual_ue8m0": {"group_size": 16, "with_residual": False, "use_ue8m0": True},
+    "fp32_weight_column_major": {"group_size": 16, "weight_dtype": torch.float32, "column_major": True},
+    "no_weight_no_residual": {"group_size": 16, "with_weight": False, "with_residual": False},
+    "e4m3fnuz": {"group_size": 16, "fp8_dtype": torch.float8_e4m3fnuz},
+}.items():
+    rms_norm_group_fp8_quant.add_input_variant(_name, **_options)
+for _name, _options in {
+    "column_major_ue8m0": {"group_size": 16, "column_major": True, "use_ue8m0": True},
+    "e4m3fnuz": {"group_size": 16, "fp8_dtype": torch.float8_e4m3fnuz},
+}.items():
+    silu_and_mul_group_fp8_quant.add_input_variant(_name, **_options)
+
+
+def _intermediate_ulp(args: tuple) -> float:
+    """The relative step of x's dtype: a dynamic scale is the absmax of the normalized (or
+    activated) x rounded to that dtype, and a kernel summing squares in another order than
+    native's mean (or computing exp differently) may move that absmax by one ulp."""
+    return torch.finfo(args[0].dtype).eps
 
 
 def _dequantize_norm_static(args: tuple, outputs: tuple) -> Tensor:
@@ -211,6 +317,36 @@ silu_and_mul_static_fp8_quant.set_comparison(
 )
 rms_norm_dynamic_per_token_fp8_quant.set_comparison(
     Comparison.dequantized(
-        quantized=(0,), scales=(1,), dequantize=_dequantize_norm_dynamic, scale_floor=_floor, reference=_normed
+        quantized=(0,),
+        scales=(1,),
+        dequantize=_dequantize_norm_dynamic,
+        scale_floor=_floor,
+        scale_rtol=_intermediate_ulp,
+        reference=_normed,
+    )
+)
+
+rms_norm_group_fp8_quant.set_comparison(
+    Comparison.dequantized(
+        quantized=(0,),
+        scales=(1,),
+        dequantize=lambda args, outputs: _dequantize_group((args[0], args[4]), outputs[:2]),
+        scale_floor=_floor,
+        scale_rtol=_intermediate_ulp,
+        reference=lambda args: (
+            rms_norm.fn(args[0], args[2], args[3])
+            if args[1] is None
+            else fused_add_rms_norm.fn(args[0], args[1], args[2], args[3])[0]
+        ),
+    )
+)
+silu_and_mul_group_fp8_quant.set_comparison(
+    Comparison.dequantized(
+        quantized=(0,),
+        scales=(1,),
+        dequantize=lambda args, outputs: _dequantize_group((outputs[0], args[1]), outputs),
+        scale_floor=_floor,
+        scale_rtol=_intermediate_ulp,
+        reference=lambda args: silu_and_mul.fn(args[0]),
     )
 )

@@ -1,19 +1,23 @@
 """RMSNorm / SwiGLU fused with FP8 quant: ``rms_norm_static_fp8_quant``,
-``fused_add_rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_fp8_quant`` and
-``silu_and_mul_static_fp8_quant`` (csrc/cpu/fused_quant.cpp, numerics in csrc/fused_quant.h;
-CPU only).
+``fused_add_rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_fp8_quant``,
+``rms_norm_group_fp8_quant``, ``silu_and_mul_static_fp8_quant`` and
+``silu_and_mul_group_fp8_quant`` (csrc/cpu/fused_quant.cpp, numerics in csrc/fused_quant.h;
+the two group ops also csrc/cuda/fused_quant.cu, the others CPU only).
 
 One pass over each row's memory: norm, weight, scale and fp8 encoding in registers, from the
 same building blocks as the norm and quant kernels (csrc/cpu/norm_vec.h, fp8_vec.h), so the
 results round where native rounds (the sum of squares is summed in another order, see below).
-``fused_add_rms_norm_static_fp8_quant`` and the dynamic op with a residual also register an
-in-place form (``maybe_inplace``) that writes the new residual into ``x_residual``.
+``fused_add_rms_norm_static_fp8_quant`` and the dynamic and group norm ops with a residual
+also register an in-place form (``maybe_inplace``) that writes the new residual into ``x_residual``.
 
 The predicates read dtypes, devices, ranks, the hidden size, the last dimension's stride and
 the static scale's element count (the scale is no token parameter: its whole shape keys the
 decision cache), never the token count or values. They decline what native handles and the
 kernels do not: other dtypes, a weight of a third dtype, per-token / per-channel / group
-static scales, non-CPU devices (no CUDA kernels yet), fp8 dtypes other than e4m3fn/e4m3fnuz.
+static scales, devices without kernels, fp8 dtypes other than e4m3fn/e4m3fnuz, group sizes
+below 1. The group kernels quantize each group exactly as ``dynamic_group_quant_fp8``'s
+kernel does (same scale, UE8M0 and floor arithmetic; scales written row- or column-major as
+native lays them out).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import Tensor
 import vllm_ir
 from vllm_ir import Unsupported
 
-from ._extension import PROVIDER, ExtensionStatus, compile_facts, supported, torch_op
+from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -38,6 +42,9 @@ def register(status: ExtensionStatus) -> None:
     add_static_kernel = torch_op(status, "fused_add_rms_norm_static_fp8_quant")
     dynamic_kernel = torch_op(status, "rms_norm_dynamic_per_token_fp8_quant")
     silu_kernel = torch_op(status, "silu_and_mul_static_fp8_quant")
+    group_kernel = torch_op(status, "rms_norm_group_fp8_quant")
+    silu_group_kernel = torch_op(status, "silu_and_mul_group_fp8_quant")
+    group_devices = devices(status)  # CPU, and CUDA where the CUDA sources were built
     # Each row is computed from its own values in a fixed order whatever the batch. Not exact:
     # the sum of squares is vectorized (another summation order than native's mean), which can
     # move the inverse RMS by an ulp; bf16/fp16 rounding and fp8 encoding usually hide it, but
@@ -82,6 +89,26 @@ def register(status: ExtensionStatus) -> None:
         if verdict is None and x.shape[-1] % 2:
             verdict = Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
         return _first(verdict, _static_scale(x, scale))
+
+    def supports_group(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        group_size: int,
+        column_major: bool,
+        use_ue8m0: bool,
+        fp8_dtype: torch.dtype,
+    ) -> bool | Unsupported:
+        return _first(_common(x, x_residual, weight, fp8_dtype, group_devices), _group(x, group_size, column_major))
+
+    def supports_silu_group(
+        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+    ) -> bool | Unsupported:
+        verdict = _common(x, None, None, fp8_dtype, group_devices)
+        if verdict is None and x.shape[-1] % 2:
+            verdict = Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
+        return _first(verdict, _group(x, group_size, column_major))
 
     @vllm_ir.ops.silu_and_mul_static_fp8_quant.register_impl(PROVIDER, supports_args=supports_silu, **options)
     def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
@@ -156,6 +183,71 @@ def register(status: ExtensionStatus) -> None:
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         return dynamic(x, x_residual, weight, epsilon, fp8_dtype, scale_ub, in_place=True)
 
+    group_options = {"supports_args": supports_group, **options}
+
+    def group(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        group_size: int,
+        column_major: bool,
+        use_ue8m0: bool,
+        fp8_dtype: torch.dtype,
+        in_place: bool,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+        scales = _group_scales(x.shape, group_size, column_major, x.device)
+        residual = None if x_residual is None else (x_residual if in_place else torch.empty_like(x))
+        group_kernel(out, scales, residual, x, x_residual, weight, group_size, use_ue8m0, epsilon)
+        return out, scales, residual
+
+    @vllm_ir.ops.rms_norm_group_fp8_quant.register_impl(PROVIDER, **group_options)
+    def rms_norm_group_fp8_quant(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        group_size: int,
+        column_major: bool,
+        use_ue8m0: bool,
+        fp8_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return group(x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype, in_place=False)
+
+    @vllm_ir.ops.rms_norm_group_fp8_quant.register_impl(PROVIDER, inplace=True, **group_options)
+    def rms_norm_group_fp8_quant_inplace(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        group_size: int,
+        column_major: bool,
+        use_ue8m0: bool,
+        fp8_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return group(x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype, in_place=True)
+
+    @vllm_ir.ops.silu_and_mul_group_fp8_quant.register_impl(PROVIDER, supports_args=supports_silu_group, **options)
+    def silu_and_mul_group_fp8_quant(
+        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        shape = (*x.shape[:-1], x.shape[-1] // 2)
+        out = torch.empty(shape, dtype=fp8_dtype, device=x.device)
+        scales = _group_scales(shape, group_size, column_major, x.device)
+        silu_group_kernel(out, scales, x, group_size, use_ue8m0)
+        return out, scales
+
+
+def _group_scales(shape: tuple[int, ...], group_size: int, column_major: bool, device: torch.device) -> Tensor:
+    """The scales of q of ``shape``: ``[*shape[:-1], groups]``, the last two dimensions
+    transposed in memory when ``column_major`` (strides ``(1, M)`` for 2-D), as native's."""
+    groups = -(-shape[-1] // group_size)
+    if column_major:
+        scales = torch.empty((*shape[:-2], groups, shape[-2]), dtype=torch.float32, device=device)
+        return scales.transpose(-2, -1)
+    return torch.empty((*shape[:-1], groups), dtype=torch.float32, device=device)
+
 
 def _register_fakes() -> None:
     """Fake kernels: the ops only write their ``(a!)``/``(b!)``/``(c!)`` arguments."""
@@ -176,6 +268,14 @@ def _register_fakes() -> None:
     def _silu_fake(out, input, scale):
         return None
 
+    @torch.library.register_fake("vllm_ir_c::rms_norm_group_fp8_quant")
+    def _group_fake(out, scales, residual_out, input, residual, weight, group_size, use_ue8m0, epsilon):
+        return None
+
+    @torch.library.register_fake("vllm_ir_c::silu_and_mul_group_fp8_quant")
+    def _silu_group_fake(out, scales, input, group_size, use_ue8m0):
+        return None
+
 
 def _first(*verdicts: Unsupported | None) -> bool | Unsupported:
     for verdict in verdicts:
@@ -184,13 +284,21 @@ def _first(*verdicts: Unsupported | None) -> bool | Unsupported:
     return True
 
 
-def _common(x: Tensor, x_residual: Tensor | None, weight: Tensor | None, fp8_dtype: torch.dtype) -> Unsupported | None:
+def _common(
+    x: Tensor,
+    x_residual: Tensor | None,
+    weight: Tensor | None,
+    fp8_dtype: torch.dtype,
+    device_types: tuple[str, ...] = ("cpu",),
+) -> Unsupported | None:
     if fp8_dtype not in FP8_DTYPES:
         return Unsupported(f"fp8_dtype {fp8_dtype} is not supported (float8_e4m3fn, float8_e4m3fnuz)")
     if x.dtype not in DTYPES:
         return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
-    if x.device.type != "cpu":
-        return Unsupported(f"device {x.device.type} is not supported (the fused kernels are CPU only)")
+    if x.device.type not in device_types:
+        return Unsupported(
+            f"device {x.device.type} is not supported (this fused kernel is built for: {', '.join(device_types)})"
+        )
     if x.dim() == 0:
         return Unsupported("x is 0-d (the kernels normalize over a last dimension)")
     if x.stride(-1) != 1 and x.size(-1) != 1:
@@ -220,4 +328,12 @@ def _static_scale(x: Tensor, scale: Tensor) -> Unsupported | None:
         return Unsupported(
             f"scale of shape {list(scale.shape)}: the fused kernels take a per-tensor scale (one element)"
         )
+    return None
+
+
+def _group(x: Tensor, group_size: int, column_major: bool) -> Unsupported | None:
+    if group_size < 1:
+        return Unsupported(f"group_size {group_size} < 1 (native raises)")
+    if column_major and x.dim() < 2:
+        return Unsupported("column_major scales of a 1-D x (native raises)")
     return None

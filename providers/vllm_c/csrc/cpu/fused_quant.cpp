@@ -1,12 +1,14 @@
 // RMSNorm / SwiGLU + FP8 quant on CPU, in one pass over each row's memory:
-// rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant and
-// rms_norm_dynamic_per_token_fp8_quant (with or without residual, optional scale_ub) are one
-// kernel with compile-time switches; silu_and_mul_static_fp8_quant is a second one (below).
+// rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant,
+// rms_norm_dynamic_per_token_fp8_quant (with or without residual, optional scale_ub) and
+// rms_norm_group_fp8_quant (with or without residual) are one kernel with compile-time
+// switches; silu_and_mul_static_fp8_quant and silu_and_mul_group_fp8_quant are a second one.
 //
 // Pass 1 sums the squares of the row (x, or x + residual in fp32; memory-bound). Pass 2
 // re-reads the row from L1 (prefetching the next row), stores the new residual, normalizes,
 // applies the weight and keeps y in a per-thread fp32 row buffer (taking its absmax for a
-// dynamic scale); pass 3 encodes that buffer. The unfused pair writes y to memory in the model
+// dynamic scale); pass 3 encodes that buffer (group ops: each group's absmax, scale and codes
+// from the buffer, as the group quant kernel takes them from its widened row). The unfused pair writes y to memory in the model
 // dtype and reads it back; here y never leaves L1. (Encoding inside the pass-2 loop measured
 // slower: 464 vs 420 us at bf16 [256, 4096] on one thread, the fp8 encoding being the
 // compute-bound part.)
@@ -53,6 +55,23 @@ int64_t grain_size(int64_t hidden) {
   return std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(hidden, 1));
 }
 
+// What scales q: a per-tensor scale, one dynamic scale per row, or one per group.
+enum class QuantKind { kStatic, kPerToken, kGroup };
+
+// Pass 3 of a group op: for each group of y (fp32, in L1), its scale into the scales tensor
+// and its codes, exactly as the group quant kernel does (cpu/quant.cpp).
+template <Fp8Format kFormat>
+void quantize_groups(const float* y, uint8_t* out, int64_t n, const GroupScales& g, int64_t r) {
+  const float bound = fp8_bound(kFormat);
+  float* scales = g.scales + g.rows.offset(r);
+  for (int64_t c = 0, k = 0; c < n; c += g.size, ++k) {
+    const int64_t len = std::min(g.size, n - c);
+    const float s = group_scale(fp8_vec::widen_absmax<float>(y + c, nullptr, len), g.use_ue8m0, kFormat);
+    scales[k * g.group_stride] = s;
+    fp8_vec::quantize_row<kFormat, float>(y + c, out + c, len, 1.0f / s, nullptr, bound);
+  }
+}
+
 // How the weight enters: none, of T (product rounded to T), or fp32 with a narrower T
 // (native promotes the product to fp32: no rounding).
 enum class WeightKind { kNone, kSame, kFp32 };
@@ -87,9 +106,9 @@ float apply_weight(float y, const float* w, int64_t d) {
   }
 }
 
-// One row. `buf` (dynamic only) holds y in fp32 between pass 2 and pass 3. Pass 2 (compute-bound)
+// One row. `buf` holds y in fp32 between pass 2 and pass 3. Pass 2 (compute-bound)
 // prefetches the next row's inputs (`next`), which pass 1 (memory-bound) then finds in cache.
-template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic, WeightKind kKind>
+template <typename T, Fp8Format kFormat, bool kResidual, QuantKind kQuant, WeightKind kKind>
 void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, float* buf) {
   const int64_t n = a.hidden;
   const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
@@ -117,7 +136,8 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
   const float inv_rms = norm_vec::inverse_rms(norm_vec::sum_of_squares(n, load, scalar), n, a.epsilon);
   const fVec vinv_rms(inv_rms);
   const float bound = fp8_bound(kFormat);
-  const float inv_scale = kDynamic ? 0.0f : 1.0f / *a.scale;
+  constexpr bool kDynamic = kQuant == QuantKind::kPerToken;
+  const float inv_scale = kQuant == QuantKind::kStatic ? 1.0f / *a.scale : 0.0f;
   iVec absmax_bits(0);
   int64_t d = 0;
   for (; d + kStep <= n; d += kStep) {
@@ -160,12 +180,14 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     const float scale = dynamic_scale(fp8_vec::float_of_bits(tail_bits), a.scale_ub, kFormat);
     a.scales[r] = scale;
     fp8_vec::quantize_row<kFormat, float>(buf, out, n, 1.0f / scale, nullptr, bound);
+  } else if constexpr (kQuant == QuantKind::kGroup) {
+    quantize_groups<kFormat>(buf, out, n, a.group, r);
   } else {
     fp8_vec::quantize_row<kFormat, float>(buf, out, n, inv_scale, nullptr, bound);
   }
 }
 
-template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic, WeightKind kKind>
+template <typename T, Fp8Format kFormat, bool kResidual, QuantKind kQuant, WeightKind kKind>
 void rows(const RmsNormQuantArgs& a) {
   at::parallel_for(0, a.rows, grain_size(a.hidden), [&](int64_t begin, int64_t end) {
     // A weight of T widened once per task; an fp32 weight is used as is.
@@ -174,30 +196,39 @@ void rows(const RmsNormQuantArgs& a) {
     std::vector<float> buf(a.hidden);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
-      row<T, kFormat, kResidual, kDynamic, kKind>(a, r, next, w, buf.data());
+      row<T, kFormat, kResidual, kQuant, kKind>(a, r, next, w, buf.data());
     }
   });
 }
 
-template <typename T, Fp8Format kFormat, bool kResidual, bool kDynamic>
+template <typename T, Fp8Format kFormat, bool kResidual, QuantKind kQuant>
 void rows(const RmsNormQuantArgs& a) {
   if (a.weight == nullptr) {
-    rows<T, kFormat, kResidual, kDynamic, WeightKind::kNone>(a);
+    rows<T, kFormat, kResidual, kQuant, WeightKind::kNone>(a);
   } else if (a.fp32_weight || std::is_same_v<T, float>) {
-    rows<T, kFormat, kResidual, kDynamic, WeightKind::kFp32>(a);
+    rows<T, kFormat, kResidual, kQuant, WeightKind::kFp32>(a);
   } else {
-    rows<T, kFormat, kResidual, kDynamic, WeightKind::kSame>(a);
+    rows<T, kFormat, kResidual, kQuant, WeightKind::kSame>(a);
+  }
+}
+
+template <typename T, Fp8Format kFormat, bool kResidual>
+void rows_for_quant(const RmsNormQuantArgs& a) {
+  if (a.group.size > 0) {
+    rows<T, kFormat, kResidual, QuantKind::kGroup>(a);
+  } else if (a.scale == nullptr) {
+    rows<T, kFormat, kResidual, QuantKind::kPerToken>(a);
+  } else {
+    rows<T, kFormat, kResidual, QuantKind::kStatic>(a);
   }
 }
 
 template <typename T, Fp8Format kFormat>
 void rows_for(const RmsNormQuantArgs& a) {
-  const bool residual = a.residual != nullptr;
-  const bool dynamic = a.scale == nullptr;
-  if (residual) {
-    dynamic ? rows<T, kFormat, true, true>(a) : rows<T, kFormat, true, false>(a);
+  if (a.residual != nullptr) {
+    rows_for_quant<T, kFormat, true>(a);
   } else {
-    dynamic ? rows<T, kFormat, false, true>(a) : rows<T, kFormat, false, false>(a);
+    rows_for_quant<T, kFormat, false>(a);
   }
 }
 
@@ -211,13 +242,13 @@ void rms_norm_quant_kernel(const RmsNormQuantArgs& a) {
   });
 }
 
-// silu_and_mul then static quant: each row's y (silu_and_mul's roundings, ATen's vector /
-// scalar split) goes to an L1 row buffer, then is encoded; y never reaches memory.
-template <typename T, Fp8Format kFormat>
+// silu_and_mul then static or group quant: each row's y (silu_and_mul's roundings, ATen's
+// vector / scalar split) goes to an L1 row buffer, then is encoded; y never reaches memory.
+template <typename T, Fp8Format kFormat, bool kGroup>
 void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
   const int64_t d = a.d;
   const int64_t body = d - d % act_vec::kAtenStep<T>;
-  const float inv_scale = 1.0f / *a.scale;
+  const float inv_scale = kGroup ? 0.0f : 1.0f / *a.scale;
   const float bound = fp8_bound(kFormat);
   at::parallel_for(0, a.rows, grain_size(2 * d), [&](int64_t begin, int64_t end) {
     std::vector<float> buf(d);
@@ -237,17 +268,30 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
         const float s = round_scalar<T>(act_vec::silu(static_cast<float>(gate[i])));
         buf[i] = round_scalar<T>(s * static_cast<float>(up[i]));
       }
-      fp8_vec::quantize_row<kFormat, float>(buf.data(), a.out + r * d, d, inv_scale, nullptr, bound);
+      if constexpr (kGroup) {
+        quantize_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, r);
+      } else {
+        fp8_vec::quantize_row<kFormat, float>(buf.data(), a.out + r * d, d, inv_scale, nullptr, bound);
+      }
     }
   });
 }
 
+template <typename T, Fp8Format kFormat>
+void silu_and_mul_quant_for(const SiluMulQuantArgs& a) {
+  if (a.group.size > 0) {
+    silu_and_mul_quant_rows<T, kFormat, true>(a);
+  } else {
+    silu_and_mul_quant_rows<T, kFormat, false>(a);
+  }
+}
+
 void silu_and_mul_quant_kernel(const SiluMulQuantArgs& a) {
-  VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "vllm_ir_c::silu_and_mul_static_fp8_quant (cpu)", [&] {
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "vllm_ir_c::silu_and_mul_fp8_quant (cpu)", [&] {
     if (a.format == Fp8Format::E4M3FNUZ) {
-      silu_and_mul_quant_rows<scalar_t, Fp8Format::E4M3FNUZ>(a);
+      silu_and_mul_quant_for<scalar_t, Fp8Format::E4M3FNUZ>(a);
     } else {
-      silu_and_mul_quant_rows<scalar_t, Fp8Format::E4M3FN>(a);
+      silu_and_mul_quant_for<scalar_t, Fp8Format::E4M3FN>(a);
     }
   });
 }
@@ -292,9 +336,23 @@ void rms_norm_dynamic_per_token_fp8_quant_cpu(at::Tensor& out, at::Tensor& scale
                      weight, std::nullopt, scale_ub, epsilon, rms_norm_quant_fp8_stub);
 }
 
+void rms_norm_group_fp8_quant_cpu(at::Tensor& out, at::Tensor& scales, const std::optional<at::Tensor>& residual_out,
+                                  const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                                  const std::optional<at::Tensor>& weight, int64_t group_size, bool use_ue8m0,
+                                  double epsilon) {
+  run_rms_norm_quant("vllm_ir_c::rms_norm_group_fp8_quant", out, scales, residual_out, input, residual, weight,
+                     std::nullopt, std::nullopt, epsilon, rms_norm_quant_fp8_stub, group_size, use_ue8m0);
+}
+
 void silu_and_mul_static_fp8_quant_cpu(at::Tensor& out, const at::Tensor& input, const at::Tensor& scale) {
   run_silu_and_mul_quant("vllm_ir_c::silu_and_mul_static_fp8_quant", out, input, scale,
                          silu_and_mul_quant_fp8_stub);
+}
+
+void silu_and_mul_group_fp8_quant_cpu(at::Tensor& out, at::Tensor& scales, const at::Tensor& input,
+                                      int64_t group_size, bool use_ue8m0) {
+  run_silu_and_mul_quant("vllm_ir_c::silu_and_mul_group_fp8_quant", out, input, std::nullopt,
+                         silu_and_mul_quant_fp8_stub, scales, group_size, use_ue8m0);
 }
 
 }  // namespace
@@ -312,8 +370,17 @@ TORCH_LIBRARY_FRAGMENT(vllm_ir_c, m) {
   m.def(
       "rms_norm_dynamic_per_token_fp8_quant(Tensor(a!) out, Tensor(b!) scales, Tensor(c!)? residual_out, "
       "Tensor input, Tensor? residual, Tensor? weight, Tensor? scale_ub, float epsilon) -> ()");
+  // Per-group dynamic scales into `scales` ([..., ceil(hidden / group_size)], row- or
+  // column-major), optionally rounded up to powers of two; residual optional as above.
+  m.def(
+      "rms_norm_group_fp8_quant(Tensor(a!) out, Tensor(b!) scales, Tensor(c!)? residual_out, Tensor input, "
+      "Tensor? residual, Tensor? weight, int group_size, bool use_ue8m0, float epsilon) -> ()");
   // q of silu(input[..., :d]) * input[..., d:] by a per-tensor scale, into out [..., d].
   m.def("silu_and_mul_static_fp8_quant(Tensor(a!) out, Tensor input, Tensor scale) -> ()");
+  // The same with per-group dynamic scales into `scales` ([..., ceil(d / group_size)]).
+  m.def(
+      "silu_and_mul_group_fp8_quant(Tensor(a!) out, Tensor(b!) scales, Tensor input, int group_size, "
+      "bool use_ue8m0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(vllm_ir_c, CPU, m) {
@@ -321,6 +388,8 @@ TORCH_LIBRARY_IMPL(vllm_ir_c, CPU, m) {
   m.impl("fused_add_rms_norm_static_fp8_quant", &vllm_ir_c::fused_add_rms_norm_static_fp8_quant_cpu);
   m.impl("rms_norm_dynamic_per_token_fp8_quant", &vllm_ir_c::rms_norm_dynamic_per_token_fp8_quant_cpu);
   m.impl("silu_and_mul_static_fp8_quant", &vllm_ir_c::silu_and_mul_static_fp8_quant_cpu);
+  m.impl("rms_norm_group_fp8_quant", &vllm_ir_c::rms_norm_group_fp8_quant_cpu);
+  m.impl("silu_and_mul_group_fp8_quant", &vllm_ir_c::silu_and_mul_group_fp8_quant_cpu);
 }
 
 #endif  // VLLM_IR_C_TORCH_SIDE

@@ -1,0 +1,283 @@
+"""RMSNorm / SwiGLU fused with FP8 quant in Triton: ``rms_norm_static_fp8_quant``,
+``fused_add_rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_fp8_quant``,
+``rms_norm_group_fp8_quant``, ``silu_and_mul_static_fp8_quant`` and
+``silu_and_mul_group_fp8_quant``; the kernels are in ``kernels/fused_quant.py``.
+
+One program per row: the norm (or SwiGLU), the scale and the fp8 encoding in registers, the
+intermediate never stored. The kernels round where native rounds and encode as the Triton
+quant kernels do; they are not registered ``exact`` (the sum of squares is reduced in another
+order than native's mean, and exp differs in the last bit between back-ends): the ops'
+dequantized comparison is the contract. Every implementation is ``batch_invariant`` (a row
+depends on its own values only) and functional (the new residual goes to a fresh tensor).
+
+Predicates read dtypes, devices, ranks, the hidden size, strides, the static scale's element
+count and the group size, never the token count: rows with one row stride (contiguous, row
+slices, 2-D with any row stride), a weight of x's dtype or float32, a residual like x, a
+per-tensor static scale, a row that fits one program (``MAX_TILE`` elements once padded).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import vllm_ir
+from vllm_ir_provider_triton import SUPPORTED, interpreting
+from vllm_ir_provider_triton.ops.quant import _rows_stride
+
+PROVIDER = "triton"
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+#: Mirrors kernels/fused_quant.py (importing it needs Triton, predicates must not).
+MAX_TILE = 65536
+_STATIC, _PER_TOKEN, _GROUP = 0, 1, 2
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _fits(hidden: int, group_size: int) -> bool:
+    groups = -(-hidden // group_size) if hidden else 1
+    return _next_pow2(max(groups, 1)) * max(16, _next_pow2(max(group_size, 1))) <= MAX_TILE
+
+
+def _common(
+    x: Tensor, x_residual: Tensor | None, weight: Tensor | None, fp8_dtype: torch.dtype, group_size: int | None = None
+) -> vllm_ir.Unsupported | None:
+    if fp8_dtype not in _FP8_DTYPES:
+        return vllm_ir.Unsupported(f"fp8_dtype {fp8_dtype} is not float8_e4m3fn or float8_e4m3fnuz (native raises)")
+    if x.dtype not in _DTYPES:
+        return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
+    if x.device.type not in ("cpu", "cuda", "xpu"):
+        return vllm_ir.Unsupported(f"x is on {x.device.type}; Triton runs on GPUs (or CPU when interpreting)")
+    if x.device.type == "cpu" and not interpreting():
+        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
+    if x.dim() == 0:
+        return vllm_ir.Unsupported("x is 0-d (the kernels work on rows of a last dimension)")
+    if _rows_stride(x) is None:
+        return vllm_ir.Unsupported("x is not rows with one row stride (a strided last dimension, or uncollapsible)")
+    if group_size is not None and group_size < 1:
+        return vllm_ir.Unsupported(f"group_size {group_size} < 1 (native raises)")
+    if not _fits(x.shape[-1], group_size or max(x.shape[-1], 1)):
+        return vllm_ir.Unsupported(f"a row of {x.shape[-1]} does not fit one program ({MAX_TILE} elements once padded)")
+    if x_residual is not None:
+        if x_residual.dtype != x.dtype or x_residual.device != x.device or x_residual.shape != x.shape:
+            return vllm_ir.Unsupported(
+                f"x_residual ({x_residual.dtype}, {list(x_residual.shape)}, {x_residual.device}) differs from x "
+                f"({x.dtype}, {list(x.shape)}, {x.device}) (native broadcasts and promotes; the kernels do not)"
+            )
+        if _rows_stride(x_residual) is None:
+            return vllm_ir.Unsupported("x_residual is not rows with one row stride")
+    if weight is not None:
+        if weight.dtype not in (x.dtype, torch.float32):
+            return vllm_ir.Unsupported(f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32")
+        if weight.device != x.device:
+            return vllm_ir.Unsupported(f"weight is on {weight.device}, x on {x.device}")
+        if weight.dim() != 1 or weight.shape[0] != x.shape[-1] or not weight.is_contiguous():
+            return vllm_ir.Unsupported(
+                f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (need a contiguous [hidden])"
+            )
+    return None
+
+
+def _static_scale(x: Tensor, scale: Tensor) -> vllm_ir.Unsupported | None:
+    if scale.dtype != torch.float32 or scale.device != x.device:
+        return vllm_ir.Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
+    if scale.numel() != 1:
+        return vllm_ir.Unsupported(f"scale of shape {list(scale.shape)}: the fused kernels take a per-tensor scale")
+    return None
+
+
+def _first(*verdicts: vllm_ir.Unsupported | None) -> bool | vllm_ir.Unsupported:
+    for verdict in verdicts:
+        if verdict is not None:
+            return verdict
+    return True
+
+
+def _gated(x: Tensor) -> vllm_ir.Unsupported | None:
+    if x.dim() >= 1 and x.shape[-1] % 2:
+        return vllm_ir.Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
+    return None
+
+
+def static_supports(
+    x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+) -> bool | vllm_ir.Unsupported:
+    return _first(_common(x, None, weight, fp8_dtype), _static_scale(x, scale))
+
+
+def add_static_supports(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+) -> bool | vllm_ir.Unsupported:
+    return _first(_common(x, x_residual, weight, fp8_dtype), _static_scale(x, scale))
+
+
+def dynamic_supports(
+    x: Tensor,
+    x_residual: Tensor | None,
+    weight: Tensor | None,
+    epsilon: float,
+    fp8_dtype: torch.dtype,
+    scale_ub: Tensor | None = None,
+) -> bool | vllm_ir.Unsupported:
+    verdict = _common(x, x_residual, weight, fp8_dtype)
+    if verdict is None and scale_ub is not None:
+        if scale_ub.dtype != torch.float32 or scale_ub.device != x.device or scale_ub.numel() != 1:
+            verdict = vllm_ir.Unsupported(
+                f"scale_ub must be one float32 element on x's device, got {scale_ub.dtype} "
+                f"{list(scale_ub.shape)} on {scale_ub.device}"
+            )
+        elif scale_ub.dim() > 1:
+            verdict = vllm_ir.Unsupported(f"scale_ub is {scale_ub.dim()}-D (native broadcasts the scale's shape to it)")
+    return _first(verdict)
+
+
+def group_supports(
+    x: Tensor,
+    x_residual: Tensor | None,
+    weight: Tensor | None,
+    epsilon: float,
+    group_size: int,
+    column_major: bool,
+    use_ue8m0: bool,
+    fp8_dtype: torch.dtype,
+) -> bool | vllm_ir.Unsupported:
+    verdict = _common(x, x_residual, weight, fp8_dtype, group_size)
+    if verdict is None and column_major and x.dim() < 2:
+        verdict = vllm_ir.Unsupported("column_major scales of a 1-D x (native raises)")
+    return _first(verdict)
+
+
+def silu_static_supports(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
+    return _first(_gated(x), _common(x, None, None, fp8_dtype), _static_scale(x, scale))
+
+
+def silu_group_supports(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> bool | vllm_ir.Unsupported:
+    verdict = _gated(x)
+    if verdict is None:
+        verdict = _common(x, None, None, fp8_dtype, group_size)
+    if verdict is None and column_major and x.dim() < 2:
+        verdict = vllm_ir.Unsupported("column_major scales of a 1-D x (native raises)")
+    return _first(verdict)
+
+
+def _group_scales(shape: tuple[int, ...], group_size: int, column_major: bool, device: torch.device) -> Tensor:
+    """Native's scales layout: ``[*shape[:-1], groups]``, the last two dimensions transposed
+    in memory when ``column_major``."""
+    groups = -(-shape[-1] // group_size)
+    if column_major:
+        return torch.empty((*shape[:-2], groups, shape[-2]), dtype=torch.float32, device=device).transpose(-2, -1)
+    return torch.empty((*shape[:-1], groups), dtype=torch.float32, device=device)
+
+
+_OPS = (
+    vllm_ir.ops.rms_norm_static_fp8_quant,
+    vllm_ir.ops.fused_add_rms_norm_static_fp8_quant,
+    vllm_ir.ops.rms_norm_dynamic_per_token_fp8_quant,
+    vllm_ir.ops.rms_norm_group_fp8_quant,
+    vllm_ir.ops.silu_and_mul_static_fp8_quant,
+    vllm_ir.ops.silu_and_mul_group_fp8_quant,
+)
+
+if SUPPORTED:
+    from vllm_ir_provider_triton.kernels.fused_quant import rms_norm_fp8_quant_out, silu_and_mul_fp8_quant_out
+
+    def _norm(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        fp8_dtype: torch.dtype,
+        quant: int,
+        *,
+        scale: Tensor | None = None,
+        scale_ub: Tensor | None = None,
+        group: tuple[int, bool, bool] = (1, False, False),
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+        residual = None if x_residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        group_size, column_major, use_ue8m0 = group
+        scales = None
+        if quant == _PER_TOKEN:
+            scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+        elif quant == _GROUP:
+            scales = _group_scales(tuple(x.shape), group_size, column_major, x.device)
+        rms_norm_fp8_quant_out(
+            q, scales, residual, x, x_residual, weight, float(epsilon), scale, scale_ub, quant, group_size,
+            use_ue8m0, fp8_dtype,
+        )  # fmt: skip
+        return q.view(fp8_dtype), scales, residual
+
+    _options = {"batch_invariant": True}
+
+    @vllm_ir.ops.rms_norm_static_fp8_quant.register_impl(PROVIDER, supports_args=static_supports, **_options)
+    def rms_norm_static_fp8_quant(
+        x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+    ) -> Tensor:
+        return _norm(x, None, weight, epsilon, fp8_dtype, _STATIC, scale=scale)[0]
+
+    @vllm_ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(
+        PROVIDER, supports_args=add_static_supports, **_options
+    )
+    def fused_add_rms_norm_static_fp8_quant(
+        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        q, _, residual = _norm(x, x_residual, weight, epsilon, fp8_dtype, _STATIC, scale=scale)
+        return q, residual
+
+    @vllm_ir.ops.rms_norm_dynamic_per_token_fp8_quant.register_impl(
+        PROVIDER, supports_args=dynamic_supports, **_options
+    )
+    def rms_norm_dynamic_per_token_fp8_quant(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        fp8_dtype: torch.dtype,
+        scale_ub: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return _norm(x, x_residual, weight, epsilon, fp8_dtype, _PER_TOKEN, scale_ub=scale_ub)
+
+    @vllm_ir.ops.rms_norm_group_fp8_quant.register_impl(PROVIDER, supports_args=group_supports, **_options)
+    def rms_norm_group_fp8_quant(
+        x: Tensor,
+        x_residual: Tensor | None,
+        weight: Tensor | None,
+        epsilon: float,
+        group_size: int,
+        column_major: bool,
+        use_ue8m0: bool,
+        fp8_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        if group_size < 1:
+            raise ValueError(f"rms_norm_group_fp8_quant (provider triton): group_size must be >= 1, got {group_size}")
+        group = (group_size, column_major, use_ue8m0)
+        return _norm(x, x_residual, weight, epsilon, fp8_dtype, _GROUP, group=group)
+
+    @vllm_ir.ops.silu_and_mul_static_fp8_quant.register_impl(PROVIDER, supports_args=silu_static_supports, **_options)
+    def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
+        q = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8, device=x.device)
+        silu_and_mul_fp8_quant_out(q, None, x, scale, _STATIC, 1, False, fp8_dtype)
+        return q.view(fp8_dtype)
+
+    @vllm_ir.ops.silu_and_mul_group_fp8_quant.register_impl(PROVIDER, supports_args=silu_group_supports, **_options)
+    def silu_and_mul_group_fp8_quant(
+        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        if group_size < 1:
+            raise ValueError(
+                f"silu_and_mul_group_fp8_quant (provider triton): group_size must be >= 1, got {group_size}"
+            )
+        shape = (*x.shape[:-1], x.shape[-1] // 2)
+        q = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        scales = _group_scales(shape, group_size, column_major, x.device)
+        silu_and_mul_fp8_quant_out(q, scales, x, None, _GROUP, group_size, use_ue8m0, fp8_dtype)
+        return q.view(fp8_dtype), scales
+
+else:
+    for _op in _OPS:
+        _op.register_unsupported(PROVIDER, SUPPORTED)
