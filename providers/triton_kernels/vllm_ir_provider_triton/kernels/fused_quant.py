@@ -26,9 +26,9 @@ from vllm_ir_provider_triton.kernels.activation import _cast, _round, _times_sig
 from vllm_ir_provider_triton.kernels.quant import (
     FORMATS,
     _bounded,
-    _constants,
     _dynamic_scale,
     _encode_fp8,
+    _min_scale,
     _nan_absmax,
     _pow2_ceil,
     rows_stride,
@@ -44,9 +44,9 @@ MAX_TILE = 65536
 
 @triton.jit
 def _quantize_store(
-    y, q_ptrs, mask, s_ptr, ub_ptr, row, groups, s_row_offset, s_group_stride, inv_bound, min_scale,
+    y, q_ptrs, mask, s_ptr, ub_ptr, row, groups, s_row_offset, s_group_stride, min_scale,
     QUANT: tl.constexpr, BOUND: tl.constexpr, FNUZ: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr,
-    DIVIDE: tl.constexpr, BLOCK_NG: tl.constexpr,
+    BLOCK_NG: tl.constexpr,
 ):  # fmt: skip
     """Scale and encode one row's tile ``y`` ([groups, columns], fp32; padding masked out)
     into ``q_ptrs``: by the static scale at ``s_ptr``, by the row's dynamic scale (stored at
@@ -58,15 +58,12 @@ def _quantize_store(
         group_max = _nan_absmax(tl.where(mask, y, 0.0), 1)
         absmax = tl.max(group_max, axis=0)
         absmax = tl.where(tl.max((group_max != group_max).to(tl.int32), axis=0) > 0, float("nan"), absmax)
-        scale = _dynamic_scale(_bounded(absmax, ub_ptr, HAS_UB), inv_bound, min_scale, BOUND, DIVIDE)
+        scale = _dynamic_scale(_bounded(absmax, ub_ptr, HAS_UB), min_scale, BOUND)
         tl.store(s_ptr + row, scale)
         q = _encode_fp8(y * tl.math.div_rn(1.0, scale), BOUND, FNUZ)
     else:
         absmax = _nan_absmax(tl.where(mask, y, 0.0), 1)
-        if DIVIDE:
-            s = tl.math.div_rn(absmax, BOUND)
-        else:
-            s = absmax * inv_bound
+        s = tl.math.div_rn(absmax, BOUND)
         if UE8M0:
             s = _pow2_ceil(s)
         s = tl.where(s < min_scale, min_scale, s)
@@ -80,9 +77,9 @@ def _quantize_store(
 def _rms_norm_quant_kernel(
     q_ptr, s_ptr, ub_ptr, x_ptr, r_ptr, r_out_ptr, w_ptr,
     x_row_stride, r_row_stride, r_out_row_stride, n_cols, eps,
-    group_size, groups, inner_rows, s_batch_stride, s_row_stride, s_group_stride, inv_bound, min_scale,
+    group_size, groups, inner_rows, s_batch_stride, s_row_stride, s_group_stride, min_scale,
     QUANT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_FP32: tl.constexpr,
-    BOUND: tl.constexpr, FNUZ: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr, DIVIDE: tl.constexpr,
+    BOUND: tl.constexpr, FNUZ: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr,
     BLOCK_NG: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
     """One row: s = x (+ residual, fp32; the residual stored rounded), y = rms_norm(s) rounded
@@ -106,7 +103,7 @@ def _rms_norm_quant_kernel(
     s_row_offset = (row // inner_rows) * s_batch_stride + (row % inner_rows) * s_row_stride
     _quantize_store(
         y, q_ptr + row * n_cols + cols, mask, s_ptr, ub_ptr, row, groups, s_row_offset, s_group_stride,
-        inv_bound, min_scale, QUANT=QUANT, BOUND=BOUND, FNUZ=FNUZ, HAS_UB=HAS_UB, UE8M0=UE8M0, DIVIDE=DIVIDE,
+        min_scale, QUANT=QUANT, BOUND=BOUND, FNUZ=FNUZ, HAS_UB=HAS_UB, UE8M0=UE8M0,
         BLOCK_NG=BLOCK_NG,
     )  # fmt: skip
 
@@ -114,8 +111,8 @@ def _rms_norm_quant_kernel(
 @triton.jit
 def _silu_and_mul_quant_kernel(
     q_ptr, s_ptr, x_ptr, x_row_stride, d,
-    group_size, groups, inner_rows, s_batch_stride, s_row_stride, s_group_stride, inv_bound, min_scale,
-    QUANT: tl.constexpr, BOUND: tl.constexpr, FNUZ: tl.constexpr, UE8M0: tl.constexpr, DIVIDE: tl.constexpr,
+    group_size, groups, inner_rows, s_batch_stride, s_row_stride, s_group_stride, min_scale,
+    QUANT: tl.constexpr, BOUND: tl.constexpr, FNUZ: tl.constexpr, UE8M0: tl.constexpr,
     BLOCK_NG: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
     """One row of ``[gate | up]``: y = silu(gate) rounded to x's dtype, times up, rounded, quantized."""
@@ -132,7 +129,7 @@ def _silu_and_mul_quant_kernel(
     s_row_offset = (row // inner_rows) * s_batch_stride + (row % inner_rows) * s_row_stride
     _quantize_store(
         y, q_ptr + row * d + cols, mask, s_ptr, s_ptr, row, groups, s_row_offset, s_group_stride,
-        inv_bound, min_scale, QUANT=QUANT, BOUND=BOUND, FNUZ=FNUZ, HAS_UB=False, UE8M0=UE8M0, DIVIDE=DIVIDE,
+        min_scale, QUANT=QUANT, BOUND=BOUND, FNUZ=FNUZ, HAS_UB=False, UE8M0=UE8M0,
         BLOCK_NG=BLOCK_NG,
     )  # fmt: skip
 
@@ -233,16 +230,16 @@ def rms_norm_fp8_quant_out(
     _check(what, block_ng * block_g <= MAX_TILE, f"a row of {cols} in groups of {group_size} exceeds one program")
     if rows == 0 or cols == 0:
         return
-    inv_bound, min_scale = _constants(bound)
+    min_scale = _min_scale(bound)
     wrap_triton(_rms_norm_quant_kernel)[(rows,)](
         q, scales, scale_ub if scale_ub is not None else scales, x,
         residual if residual is not None else x, residual_out if residual_out is not None else x,
         weight if weight is not None else x,
         x_stride, r_stride, ro_stride, cols, epsilon,
-        group_size, groups, inner, s_batch, s_row, s_group, inv_bound, min_scale,
+        group_size, groups, inner, s_batch, s_row, s_group, min_scale,
         QUANT=quant, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
         WEIGHT_FP32=weight is not None and weight.dtype == torch.float32 and x.dtype != torch.float32,
-        BOUND=bound, FNUZ=fnuz, HAS_UB=scale_ub is not None, UE8M0=use_ue8m0, DIVIDE=x.device.type == "cpu",
+        BOUND=bound, FNUZ=fnuz, HAS_UB=scale_ub is not None, UE8M0=use_ue8m0,
         BLOCK_NG=block_ng, BLOCK_G=block_g,
     )  # fmt: skip
 
@@ -279,10 +276,10 @@ def silu_and_mul_fp8_quant_out(
     _check(what, block_ng * block_g <= MAX_TILE, f"a row of {d} in groups of {group_size} exceeds one program")
     if rows == 0 or d == 0:
         return
-    inv_bound, min_scale = _constants(bound)
+    min_scale = _min_scale(bound)
     wrap_triton(_silu_and_mul_quant_kernel)[(rows,)](
-        q, scales, x, x_stride, d, group_size, groups, inner, s_batch, s_row, s_group, inv_bound, min_scale,
-        QUANT=quant, BOUND=bound, FNUZ=fnuz, UE8M0=use_ue8m0, DIVIDE=x.device.type == "cpu",
+        q, scales, x, x_stride, d, group_size, groups, inner, s_batch, s_row, s_group, min_scale,
+        QUANT=quant, BOUND=bound, FNUZ=fnuz, UE8M0=use_ue8m0,
         BLOCK_NG=block_ng, BLOCK_G=block_g,
     )  # fmt: skip
 

@@ -77,12 +77,9 @@ def _encode_fp8(v, BOUND: tl.constexpr, FNUZ: tl.constexpr):
 
 
 @triton.jit
-def _dynamic_scale(absmax, inv_bound, min_scale, BOUND: tl.constexpr, DIVIDE: tl.constexpr):
-    """``max(absmax / fp8_max, min_scale)`` as native computes it on this device (NaN kept)."""
-    if DIVIDE:
-        s = tl.math.div_rn(absmax, BOUND)
-    else:
-        s = absmax * inv_bound
+def _dynamic_scale(absmax, min_scale, BOUND: tl.constexpr):
+    """``max(absmax / fp8_max, min_scale)`` as native computes it (an IEEE division; NaN kept)."""
+    s = tl.math.div_rn(absmax, BOUND)
     return tl.where(s < min_scale, min_scale, s)
 
 
@@ -119,13 +116,11 @@ def _static_kernel(
     s_col_stride,
     group_r,
     group_c,
-    inv_bound,
     min_scale,
     BOUND: tl.constexpr,
     FNUZ: tl.constexpr,
     FROM_ABSMAX: tl.constexpr,
     HAS_UB: tl.constexpr,
-    DIVIDE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -138,7 +133,7 @@ def _static_kernel(
     x = tl.load(x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if FROM_ABSMAX:
         absmax = _bounded(tl.load(s_ptr).to(tl.float32, bitcast=True), ub_ptr, HAS_UB)
-        scale = _dynamic_scale(absmax, inv_bound, min_scale, BOUND, DIVIDE)
+        scale = _dynamic_scale(absmax, min_scale, BOUND)
         tl.store(scale_out_ptr, scale, mask=pid == 0)
         inverse = tl.math.div_rn(1.0, scale)
     else:
@@ -174,12 +169,10 @@ def _per_token_kernel(
     q_row_stride,
     n_rows,
     n_cols,
-    inv_bound,
     min_scale,
     BOUND: tl.constexpr,
     FNUZ: tl.constexpr,
     HAS_UB: tl.constexpr,
-    DIVIDE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -194,7 +187,7 @@ def _per_token_kernel(
         x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         block_max = _nan_absmax(x, 1)
         absmax = tl.where((block_max > absmax) | (block_max != block_max), block_max, absmax)
-    scale = _dynamic_scale(_bounded(absmax, ub_ptr, HAS_UB), inv_bound, min_scale, BOUND, DIVIDE)
+    scale = _dynamic_scale(_bounded(absmax, ub_ptr, HAS_UB), min_scale, BOUND)
     tl.store(scale_ptr + rows, scale, mask=row_mask)
     inverse = tl.math.div_rn(1.0, scale)[:, None]
     for start in range(0, n_cols, BLOCK_C):
@@ -229,12 +222,10 @@ def _group_kernel(
     s_batch_stride,
     s_row_stride,
     s_group_stride,
-    inv_bound,
     min_scale,
     BOUND: tl.constexpr,
     FNUZ: tl.constexpr,
     UE8M0: tl.constexpr,
-    DIVIDE: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
@@ -252,10 +243,7 @@ def _group_kernel(
     mask = pair_mask[:, None] & (j < group_size)[None, :] & (cols < n_cols)
     x = tl.load(x_ptr + row[:, None] * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     absmax = _nan_absmax(x, 1)
-    if DIVIDE:
-        s = tl.math.div_rn(absmax, BOUND)
-    else:
-        s = absmax * inv_bound
+    s = tl.math.div_rn(absmax, BOUND)
     if UE8M0:
         s = _pow2_ceil(s)
     s = tl.where(s < min_scale, min_scale, s)
@@ -299,9 +287,9 @@ def _check(what: str, ok: bool, detail: str) -> None:
         raise ValueError(f"vllm_ir_triton::{what}: {detail}")
 
 
-def _constants(bound: float) -> tuple[float, float]:
-    """(fp32 ``1 / bound`` as CUDA PyTorch rounds it, the minimum dynamic scale)."""
-    return (torch.ones((), dtype=torch.float32) / bound).item(), 1.0 / (bound * 512.0)
+def _min_scale(bound: float) -> float:
+    """The minimum dynamic scale, ``1 / (fp8_max * 512)``."""
+    return 1.0 / (bound * 512.0)
 
 
 def _tiles(n_rows: int, n_cols: int) -> tuple[int, int, int, int]:
@@ -351,11 +339,11 @@ def static_quant_fp8_out(
     if rows == 0 or cols == 0:
         return
     programs, col_blocks, block_r, block_c = _tiles(rows, cols)
-    inv_bound, min_scale = _constants(bound)
+    min_scale = _min_scale(bound)
     wrap_triton(_static_kernel)[(programs,)](
         q, x, scale, scale, scale, x_stride, q_stride, rows, cols, col_blocks,
-        scale.stride(0), scale.stride(1), group_r, group_c, inv_bound, min_scale,
-        BOUND=bound, FNUZ=fnuz, FROM_ABSMAX=False, HAS_UB=False, DIVIDE=False, BLOCK_R=block_r, BLOCK_C=block_c,
+        scale.stride(0), scale.stride(1), group_r, group_c, min_scale,
+        BOUND=bound, FNUZ=fnuz, FROM_ABSMAX=False, HAS_UB=False, BLOCK_R=block_r, BLOCK_C=block_c,
     )  # fmt: skip
 
 
@@ -372,8 +360,7 @@ def dynamic_quant_fp8_out(
     _check(what, scale.numel() == (rows if per_token else 1), f"scale has {scale.numel()} elements for {rows} rows")
     if scale_ub is not None:
         _check(what, scale_ub.numel() == 1 and scale_ub.dtype == torch.float32, "scale_ub must be one float32 element")
-    inv_bound, min_scale = _constants(bound)
-    divide = True  # as native: an IEEE division on every device
+    min_scale = _min_scale(bound)
     ub = scale_ub if scale_ub is not None else scale
     if per_token:
         _check(what, cols > 0 or rows == 0, "per-token scales of rows with no elements")
@@ -382,8 +369,8 @@ def dynamic_quant_fp8_out(
         block_c = min(MAX_BLOCK, max(16, triton.next_power_of_2(cols)))
         block_r = max(1, TILE // block_c)
         wrap_triton(_per_token_kernel)[(triton.cdiv(rows, block_r),)](
-            q, scale, x, ub, x_stride, q_stride, rows, cols, inv_bound, min_scale,
-            BOUND=bound, FNUZ=fnuz, HAS_UB=scale_ub is not None, DIVIDE=divide, BLOCK_R=block_r, BLOCK_C=block_c,
+            q, scale, x, ub, x_stride, q_stride, rows, cols, min_scale,
+            BOUND=bound, FNUZ=fnuz, HAS_UB=scale_ub is not None, BLOCK_R=block_r, BLOCK_C=block_c,
         )  # fmt: skip
         return
     absmax = torch.zeros(1, dtype=torch.int32, device=x.device)
@@ -395,8 +382,8 @@ def dynamic_quant_fp8_out(
     # At least one program: it stores the scale even for an empty x (absmax 0).
     wrap_triton(_static_kernel)[(max(programs, 1),)](
         q, x, absmax, ub, scale, x_stride, q_stride, rows, cols, col_blocks,
-        0, 0, 1, 1, inv_bound, min_scale,
-        BOUND=bound, FNUZ=fnuz, FROM_ABSMAX=True, HAS_UB=scale_ub is not None, DIVIDE=divide,
+        0, 0, 1, 1, min_scale,
+        BOUND=bound, FNUZ=fnuz, FROM_ABSMAX=True, HAS_UB=scale_ub is not None,
         BLOCK_R=block_r, BLOCK_C=block_c,
     )  # fmt: skip
 
@@ -430,11 +417,11 @@ def group_quant_fp8_out(
     n_pairs = rows * groups
     block_g = max(16, triton.next_power_of_2(group_size))
     block_p = max(1, TILE // block_g)
-    inv_bound, min_scale = _constants(bound)
+    min_scale = _min_scale(bound)
     wrap_triton(_group_kernel)[(triton.cdiv(n_pairs, block_p),)](
         q, scales, x, x_stride, cols, n_pairs, groups, cols, group_size, inner_rows,
-        s_batch, s_row, scales.stride(-1), inv_bound, min_scale,
-        BOUND=bound, FNUZ=fnuz, UE8M0=use_ue8m0, DIVIDE=True, BLOCK_P=block_p, BLOCK_G=block_g,
+        s_batch, s_row, scales.stride(-1), min_scale,
+        BOUND=bound, FNUZ=fnuz, UE8M0=use_ue8m0, BLOCK_P=block_p, BLOCK_G=block_g,
     )  # fmt: skip
 
 
