@@ -195,7 +195,16 @@ def test_kernel_wrappers_reject_bad_buffers():
         kernels.group_quant_fp8_out(torch.empty(4, 16, dtype=torch.uint8), torch.empty(4, 3), x, 8, False, FP8[0])
 
 
-def test_reciprocal_of_the_bound_is_rounded_as_cuda_pytorch_rounds_it():
-    """On GPUs the scale is absmax * fp32(1 / fp8_max), PyTorch CUDA's tensor / scalar."""
-    inv, floor = kernels._constants(448.0)
-    assert inv == (torch.ones(1) / torch.tensor([448.0])).item() and floor == 1 / (448 * 512)
+def test_dynamic_scales_are_an_ieee_division_on_every_device():
+    """absmax / 448 divides (torch's CUDA ``tensor / python_float`` would multiply by the
+    reciprocal, one ulp off for about half of all values: found on an H200); native and the
+    Triton kernels both divide, for this absmax where the two differ."""
+    absmax = torch.tensor([1.6523820161819458])
+    divided = absmax / torch.tensor(448.0)
+    assert divided != absmax * torch.tensor(1 / 448.0)  # the case that tells them apart
+    x = torch.tensor([[1.6523820161819458, -0.5]])
+    op = vllm_ir.ops.dynamic_quant_fp8
+    for name, run in (("native", op.fn), ("triton", op.impls["triton"].fn)):
+        _, scale = run(x, True, torch.float8_e4m3fn)
+        assert scale.item() == divided.item(), name
+    assert kernels._min_scale(448.0) == 1 / (448 * 512)

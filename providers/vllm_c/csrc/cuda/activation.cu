@@ -9,6 +9,7 @@
 // bit-identical. Rows whose pointers and strides allow it are moved in 16-byte packs.
 
 #include "../activation.h"
+#include "cuda_common.h"
 
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
@@ -26,15 +27,7 @@
 namespace vllm_ir_c {
 namespace {
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-template <typename T>
-__device__ __forceinline__ float round_to(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
+using namespace cuda_common;
 
 __device__ __forceinline__ float silu(float x) {
   return x / (1.0f + expf(-x));

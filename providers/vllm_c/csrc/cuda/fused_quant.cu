@@ -14,6 +14,7 @@
 // only in that second read, by the lane that read it, so residual_out may be residual.
 
 #include "../fused_quant.h"
+#include "cuda_common.h"
 
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
@@ -29,49 +30,7 @@
 namespace vllm_ir_c {
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kThreads = 256;
-
-__device__ float warp_max(float v) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  }
-  return v;
-}
-
-// 1 / sqrt(sum / hidden + epsilon) of the block's partial sums, broadcast to every thread.
-__device__ float block_inverse_rms(float v, int64_t hidden, float epsilon) {
-  __shared__ float warp_sums[kWarp];
-  __shared__ float result;
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  }
-  if (lane == 0) {
-    warp_sums[warp] = v;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_sums[lane] : 0.0f;
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) {
-      v += __shfl_xor_sync(0xffffffffu, v, o);
-    }
-    if (lane == 0) {
-      result = 1.0f / sqrtf(v / static_cast<float>(hidden) + epsilon);
-    }
-  }
-  __syncthreads();
-  return result;
-}
-
-template <typename T>
-__device__ __forceinline__ float round_to(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
+using namespace cuda_common;
 
 template <typename T, Fp8Format kFormat, bool kResidual>
 __global__ void rms_norm_group_quant_kernel(RmsNormQuantArgs a) {
@@ -164,10 +123,6 @@ __global__ void silu_and_mul_group_quant_kernel(SiluMulQuantArgs a) {
       out[c] = quantize_fp8<kFormat>(y_of(c) * inv, bound);
     }
   }
-}
-
-int threads_for(int64_t hidden) {
-  return static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(kWarp, (hidden + kWarp - 1) / kWarp * kWarp)));
 }
 
 // One switch over (input dtype, fp8 format): F and scalar_t are set for the launch.

@@ -9,6 +9,7 @@
 // strides allow it are moved in 16-byte packs.
 
 #include "../layernorm.h"
+#include "cuda_common.h"
 
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
@@ -26,47 +27,7 @@
 namespace vllm_ir_c {
 namespace {
 
-constexpr int kWarp = 32;
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-// Sum over the block; the result is valid in thread 0. blockDim.x is a multiple of 32.
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[kWarp];
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  }
-  if (lane == 0) {
-    warp_sums[warp] = v;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_sums[lane] : 0.0f;
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) {
-      v += __shfl_xor_sync(0xffffffffu, v, o);
-    }
-  }
-  return v;
-}
-
-// Broadcasts 1 / sqrt(mean + epsilon) of the block's partial sums of squares.
-__device__ float block_inverse_rms(float partial, int64_t hidden, float epsilon) {
-  __shared__ float scale;
-  const float total = block_sum(partial);
-  if (threadIdx.x == 0) {
-    // Same operations as native: mean, + epsilon, rsqrt (IEEE division and sqrt).
-    scale = 1.0f / sqrtf(total / static_cast<float>(hidden) + epsilon);
-  }
-  __syncthreads();
-  return scale;
-}
+using namespace cuda_common;
 
 template <typename T>
 __device__ T round_weighted(float normed, const T* w, int k, bool has_weight) {

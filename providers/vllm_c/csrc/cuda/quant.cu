@@ -13,6 +13,7 @@
 // group: one warp per group, a block per row walking its groups eight warps at a time.
 
 #include "../quant.h"
+#include "cuda_common.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/ops/zeros.h>
@@ -29,38 +30,7 @@
 namespace vllm_ir_c {
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kThreads = 256;
-
-__device__ float warp_max(float v) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  }
-  return v;
-}
-
-// NaN-propagating max over the block, broadcast to every thread. blockDim.x is a multiple of 32.
-__device__ float block_max(float v) {
-  __shared__ float warp_maxima[kWarp];
-  __shared__ float result;
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  v = warp_max(v);
-  if (lane == 0) {
-    warp_maxima[warp] = v;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_maxima[lane] : 0.0f;
-    v = warp_max(v);
-    if (lane == 0) {
-      result = v;
-    }
-  }
-  __syncthreads();
-  return result;
-}
+using namespace cuda_common;
 
 template <typename T>
 __device__ float load_float(const T* p, int64_t i) {
@@ -155,10 +125,6 @@ __global__ void group_quant_kernel(GroupQuantArgs a) {
       out[c] = quantize_fp8<kFormat>(load_float(x, c) * inv, bound);
     }
   }
-}
-
-int threads_for(int64_t hidden) {
-  return static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(kWarp, (hidden + kWarp - 1) / kWarp * kWarp)));
 }
 
 // One switch over (input dtype, fp8 format): F and scalar_t are set for the launch.

@@ -6,6 +6,7 @@
 // rounded to the dtype, then the sum (fp32 arithmetic between the roundings, no contraction).
 
 #include "../rotary.h"
+#include "cuda_common.h"
 
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
@@ -21,11 +22,7 @@
 namespace vllm_ir_c {
 namespace {
 
-// The dtype's rounding of an fp32 value, back in fp32.
-template <typename T>
-__device__ __forceinline__ float round_to(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
+using namespace cuda_common;
 
 template <typename T>
 __device__ __forceinline__ void rotate_pair(T* x1p, T* x2p, float c, float s) {
