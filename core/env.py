@@ -58,7 +58,7 @@ BOOLEAN_VALUES = "1, true, yes, on (or 0, false, no, off; any case)"
 FALLBACK_POLICIES = ("allow", "warn", "error")
 #: Provider names this project knows of, installed here or not (DESIGN.md "Names"): a name
 #: outside these and the installed ones is a typo, one of these that is absent is "not here".
-KNOWN_PROVIDERS = ("native", "aten", "inductor", "vllm_c", "triton", "aiter", "xpu_kernels", "oink")
+KNOWN_PROVIDERS = ("native", "aten", "inductor", "vllm_c", "triton", "aiter", "xpu_kernels", "oink", "flashinfer")
 #: What an entry point (and so a provider) name may look like.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-@]*")
 

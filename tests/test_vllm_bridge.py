@@ -95,7 +95,8 @@ def _full_env() -> Path:
     sh(py, "-m", "pip", "download", "-q", "-d", deps, "pluggy>=1.5", "packaging>=23")
     links = ["--find-links", wheels, "--find-links", deps, "--find-links", WHEELHOUSE]
     # Every provider but triton (its 286 MB dependency adds nothing here: it is unsupported on CPU).
-    ours = ["vllm-ir", *(f"vllm-ir-provider-{p}" for p in ("native", "vllm-c", "aiter", "xpu-kernels", "oink"))]
+    providers = ("native", "vllm-c", "aiter", "xpu-kernels", "oink", "flashinfer")
+    ours = ["vllm-ir", *(f"vllm-ir-provider-{p}" for p in providers)]
     sh(py, "-m", "pip", "install", "-q", "--no-index", *links, *ours, "regex")
     _pip_install(py, VLLM)  # last: pip would otherwise report its deliberately missing requirements
     (root / "ready").write_text(VLLM + "\n")

@@ -29,6 +29,7 @@ DISTS = {
     "vllm-ir-provider-aiter": "vllm_ir_provider_aiter",
     "vllm-ir-provider-xpu-kernels": "vllm_ir_provider_xpu_kernels",
     "vllm-ir-provider-oink": "vllm_ir_provider_oink",
+    "vllm-ir-provider-flashinfer": "vllm_ir_provider_flashinfer",
     "vllm-ir-example-oot-platform": "vllm_ir_oot_platform",
 }
 
@@ -140,6 +141,7 @@ def test_providers_list_and_eager_dispatch_per_provider(venv):
         "aiter": "unsupported here",
         "xpu_kernels": "unsupported here",
         "oink": "unsupported here",
+        "flashinfer": "unsupported here",
         "oot_example": "unsupported here",
     }
     lookup = json.loads(sh(cli, "doctor", "--json", cwd=venv).stdout)["eager_lookup"]

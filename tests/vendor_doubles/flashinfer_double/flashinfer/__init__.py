@@ -1,0 +1,3 @@
+"""TEST DOUBLE of FlashInfer (not FlashInfer): only ``flashinfer.comm``'s all-reduce fusion entry points."""
+
+IS_TEST_DOUBLE = True
