@@ -22,12 +22,10 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import SUPPORTED, interpreting
-from vllm_ir_provider_triton.ops.quant import _rows_stride
+from vllm_ir_provider_triton import SUPPORTED
+from vllm_ir_provider_triton.ops.quant import _rows_stride, x_rows_verdict
 
 PROVIDER = "triton"
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 #: Mirrors kernels/fused_quant.py (importing it needs Triton, predicates must not).
 MAX_TILE = 65536
 _STATIC, _PER_TOKEN, _GROUP = 0, 1, 2
@@ -45,18 +43,9 @@ def _fits(hidden: int, group_size: int) -> bool:
 def _common(
     x: Tensor, x_residual: Tensor | None, weight: Tensor | None, fp8_dtype: torch.dtype, group_size: int | None = None
 ) -> vllm_ir.Unsupported | None:
-    if fp8_dtype not in _FP8_DTYPES:
-        return vllm_ir.Unsupported(f"fp8_dtype {fp8_dtype} is not float8_e4m3fn or float8_e4m3fnuz (native raises)")
-    if x.dtype not in _DTYPES:
-        return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
-    if x.device.type not in ("cpu", "cuda", "xpu"):
-        return vllm_ir.Unsupported(f"x is on {x.device.type}; Triton runs on GPUs (or CPU when interpreting)")
-    if x.device.type == "cpu" and not interpreting():
-        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
-    if x.dim() == 0:
-        return vllm_ir.Unsupported("x is 0-d (the kernels work on rows of a last dimension)")
-    if _rows_stride(x) is None:
-        return vllm_ir.Unsupported("x is not rows with one row stride (a strided last dimension, or uncollapsible)")
+    verdict = x_rows_verdict(x, fp8_dtype)
+    if verdict is not None:
+        return verdict
     if group_size is not None and group_size < 1:
         return vllm_ir.Unsupported(f"group_size {group_size} < 1 (native raises)")
     if not _fits(x.shape[-1], group_size or max(x.shape[-1], 1)):

@@ -47,7 +47,8 @@ def _rows_stride(x: Tensor) -> int | None:
     return x.stride(-2)
 
 
-def _common(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> bool | vllm_ir.Unsupported:
+def x_rows_verdict(x: Tensor, fp8_dtype: torch.dtype) -> vllm_ir.Unsupported | None:
+    """Why the quant kernels (the fused ones too) cannot quantize ``x`` row by row into fp8_dtype, or None."""
     if fp8_dtype not in _FP8_DTYPES:
         return vllm_ir.Unsupported(f"fp8_dtype {fp8_dtype} is not float8_e4m3fn or float8_e4m3fnuz (native raises)")
     if x.dtype not in _DTYPES:
@@ -62,6 +63,13 @@ def _common(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = N
         return vllm_ir.Unsupported(
             "x is not rows with one row stride (a strided last dimension, or leading dimensions that do not collapse)"
         )
+    return None
+
+
+def _common(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> bool | vllm_ir.Unsupported:
+    verdict = x_rows_verdict(x, fp8_dtype)
+    if verdict is not None:
+        return verdict
     if num_token_padding is not None and x.dim() != 2:
         return vllm_ir.Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
     return True

@@ -10,6 +10,19 @@
 
 #include "../quant.h"  // nan_max
 
+// One switch over (input dtype, fp8 format) for a launch: F and scalar_t are set where
+// __VA_ARGS__ runs. ARGS has `dtype` and `format` (kernel_common.h's dtype switch).
+#define VLLM_IR_C_CUDA_FP8_DISPATCH(ARGS, NAME, ...)           \
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(ARGS.dtype, NAME, [&] {     \
+    if (ARGS.format == Fp8Format::E4M3FNUZ) {                  \
+      constexpr Fp8Format F = Fp8Format::E4M3FNUZ;             \
+      __VA_ARGS__;                                             \
+    } else {                                                   \
+      constexpr Fp8Format F = Fp8Format::E4M3FN;               \
+      __VA_ARGS__;                                             \
+    }                                                          \
+  })
+
 namespace vllm_ir_c {
 namespace cuda_common {
 

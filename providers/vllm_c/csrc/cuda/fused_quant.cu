@@ -125,18 +125,6 @@ __global__ void silu_and_mul_group_quant_kernel(SiluMulQuantArgs a) {
   }
 }
 
-// One switch over (input dtype, fp8 format): F and scalar_t are set for the launch.
-#define VLLM_IR_C_CUDA_FUSED_DISPATCH(ARGS, NAME, ...)         \
-  VLLM_IR_C_DISPATCH_FLOATING_TYPES(ARGS.dtype, NAME, [&] {     \
-    if (ARGS.format == Fp8Format::E4M3FNUZ) {                  \
-      constexpr Fp8Format F = Fp8Format::E4M3FNUZ;             \
-      __VA_ARGS__;                                             \
-    } else {                                                   \
-      constexpr Fp8Format F = Fp8Format::E4M3FN;               \
-      __VA_ARGS__;                                             \
-    }                                                          \
-  })
-
 void rms_norm_group_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, const std::optional<at::Tensor>& residual_out,
                                    const at::Tensor& input, const std::optional<at::Tensor>& residual,
                                    const std::optional<at::Tensor>& weight, int64_t group_size, bool use_ue8m0,
@@ -146,10 +134,10 @@ void rms_norm_group_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, const st
     const auto stream = c10::cuda::getCurrentCUDAStream();
     const int threads = threads_for(a.hidden);
     if (a.residual != nullptr) {
-      VLLM_IR_C_CUDA_FUSED_DISPATCH(a, "rms_norm_group_fp8_quant",
+      VLLM_IR_C_CUDA_FP8_DISPATCH(a, "rms_norm_group_fp8_quant",
                                     rms_norm_group_quant_kernel<scalar_t, F, true><<<a.rows, threads, 0, stream>>>(a));
     } else {
-      VLLM_IR_C_CUDA_FUSED_DISPATCH(a, "rms_norm_group_fp8_quant",
+      VLLM_IR_C_CUDA_FP8_DISPATCH(a, "rms_norm_group_fp8_quant",
                                     rms_norm_group_quant_kernel<scalar_t, F, false><<<a.rows, threads, 0, stream>>>(a));
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -163,7 +151,7 @@ void silu_and_mul_group_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, cons
   const c10::cuda::CUDAGuard guard(input.device());
   auto kernel = [](const SiluMulQuantArgs& a) {
     const auto stream = c10::cuda::getCurrentCUDAStream();
-    VLLM_IR_C_CUDA_FUSED_DISPATCH(
+    VLLM_IR_C_CUDA_FP8_DISPATCH(
         a, "silu_and_mul_group_fp8_quant",
         silu_and_mul_group_quant_kernel<scalar_t, F><<<a.rows, threads_for(a.d), 0, stream>>>(a));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -172,7 +160,7 @@ void silu_and_mul_group_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, cons
                          group_size, use_ue8m0);
 }
 
-#undef VLLM_IR_C_CUDA_FUSED_DISPATCH
+#undef VLLM_IR_C_CUDA_FP8_DISPATCH
 
 }  // namespace
 }  // namespace vllm_ir_c

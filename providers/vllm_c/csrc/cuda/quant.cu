@@ -127,23 +127,11 @@ __global__ void group_quant_kernel(GroupQuantArgs a) {
   }
 }
 
-// One switch over (input dtype, fp8 format): F and scalar_t are set for the launch.
-#define VLLM_IR_C_CUDA_QUANT_DISPATCH(ARGS, NAME, ...)         \
-  VLLM_IR_C_DISPATCH_FLOATING_TYPES(ARGS.dtype, NAME, [&] {     \
-    if (ARGS.format == Fp8Format::E4M3FNUZ) {                  \
-      constexpr Fp8Format F = Fp8Format::E4M3FNUZ;             \
-      __VA_ARGS__;                                             \
-    } else {                                                   \
-      constexpr Fp8Format F = Fp8Format::E4M3FN;               \
-      __VA_ARGS__;                                             \
-    }                                                          \
-  })
-
 void static_quant_fp8_cuda(at::Tensor& out, const at::Tensor& input, const at::Tensor& scale) {
   const c10::cuda::CUDAGuard guard(input.device());
   run_static_quant("vllm_ir_c::static_quant_fp8", out, input, scale, [](const StaticQuantArgs& a) {
     const auto stream = c10::cuda::getCurrentCUDAStream();
-    VLLM_IR_C_CUDA_QUANT_DISPATCH(a, "static_quant_fp8", static_quant_kernel<F, scalar_t><<<a.rows, threads_for(a.hidden), 0, stream>>>(a));
+    VLLM_IR_C_CUDA_FP8_DISPATCH(a, "static_quant_fp8", static_quant_kernel<F, scalar_t><<<a.rows, threads_for(a.hidden), 0, stream>>>(a));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -169,7 +157,7 @@ void dynamic_quant_fp8_cuda(at::Tensor& out, at::Tensor& scale, const at::Tensor
     }
     DynamicQuantArgs a{input.scalar_type(), format, static_cast<uint8_t*>(out.mutable_data_ptr()),
                        scale.mutable_data_ptr<float>(), x.const_data_ptr(), row_layout(x), rows, hidden, ub};
-    VLLM_IR_C_CUDA_QUANT_DISPATCH(a, "dynamic_quant_fp8",
+    VLLM_IR_C_CUDA_FP8_DISPATCH(a, "dynamic_quant_fp8",
                                   dynamic_per_token_kernel<F, scalar_t><<<rows, threads_for(hidden), 0, stream>>>(a));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
@@ -193,7 +181,7 @@ void dynamic_quant_fp8_cuda(at::Tensor& out, at::Tensor& scale, const at::Tensor
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (input.numel() > 0) {
     const StaticQuantArgs a = static_quant_args(op, out, x, scale, input);
-    VLLM_IR_C_CUDA_QUANT_DISPATCH(a, "dynamic_quant_fp8",
+    VLLM_IR_C_CUDA_FP8_DISPATCH(a, "dynamic_quant_fp8",
                                   static_quant_kernel<F, scalar_t><<<a.rows, threads_for(a.hidden), 0, stream>>>(a));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -205,14 +193,14 @@ void dynamic_group_quant_fp8_cuda(at::Tensor& out, at::Tensor& scales, const at:
   run_group_quant("vllm_ir_c::dynamic_group_quant_fp8", out, scales, input, group_size, use_ue8m0,
                   [](const GroupQuantArgs& a) {
                     const auto stream = c10::cuda::getCurrentCUDAStream();
-                    VLLM_IR_C_CUDA_QUANT_DISPATCH(
+                    VLLM_IR_C_CUDA_FP8_DISPATCH(
                         a, "dynamic_group_quant_fp8",
                         group_quant_kernel<F, scalar_t><<<a.rows, 8 * kWarp, 0, stream>>>(a));
                     C10_CUDA_KERNEL_LAUNCH_CHECK();
                   });
 }
 
-#undef VLLM_IR_C_CUDA_QUANT_DISPATCH
+#undef VLLM_IR_C_CUDA_FP8_DISPATCH
 
 }  // namespace
 }  // namespace vllm_ir_c
