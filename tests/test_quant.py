@@ -44,6 +44,53 @@ def test_kernel_encoding_matches_torch_cast_over_the_float_range(fp8_dtype):
     assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
 
 
+def _every_bf16(shuffled: bool, hidden: int) -> Tensor:
+    """All 65536 bf16 bit patterns (NaN, inf, subnormals, -0), padded to rows of `hidden`."""
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    if shuffled:
+        x = x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(0))]
+    rows = -(-x.numel() // hidden)
+    return torch.cat([x, torch.ones(rows * hidden - x.numel(), dtype=torch.bfloat16)]).reshape(rows, hidden)
+
+
+# Scales around the table path's limits (inv in [2^-60, 2^60]), ordinary ones, and ones it declines.
+TABLE_SCALES = [1.0, 1 / 448, 0.01234, 3.0, 123.4, 2.0**-60, 2.0**60, 2.0**-61, 2.0**61, 1e-30, 1e30, -0.5]
+
+
+@needs_vllm_c
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sorted", "shuffled"])
+def test_bf16_table_path_matches_torch_for_every_bf16_value(fp8_dtype, shuffled):
+    """bf16 rows of >= 512 go through a lookup table on AVX512 CPUs (bytes with VBMI, 16-bit
+    words for the last 32 of a 1056-wide row): the fast path is differential-tested against
+    torch's own cast over every bf16 value and scales at and beyond the table's limits, static
+    per-tensor and per-token scales, and dynamic per-token and per-tensor quant."""
+    c = _vllm_c()
+    bound = BOUND[fp8_dtype]
+    for hidden in (1056, 4096):
+        x = _every_bf16(shuffled, hidden)
+        for s in TABLE_SCALES:
+            scale = torch.tensor([s])
+            out = torch.empty(x.shape, dtype=fp8_dtype)
+            c.static_quant_fp8(out, x, scale)
+            expected = (x.float() * (1.0 / scale)).clamp(-bound, bound).to(fp8_dtype)
+            assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), (hidden, s)
+        per_token = torch.logspace(-6, 6, x.shape[0]).unsqueeze(1)
+        out = torch.empty(x.shape, dtype=fp8_dtype)
+        c.static_quant_fp8(out, x, per_token)
+        expected = (x.float() * (1.0 / per_token)).clamp(-bound, bound).to(fp8_dtype)
+        assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+        # Dynamic scales: rows without NaN/inf, spread over many magnitudes.
+        finite = x.float().isfinite().all(dim=1)
+        y = (x[finite].float() * torch.logspace(-20, 20, int(finite.sum())).unsqueeze(1)).bfloat16()
+        for per_token_scales in (True, False):
+            with vllm_ir.priority(dynamic_quant_fp8=["vllm_c"]):
+                q, scales = vllm_ir.ops.dynamic_quant_fp8(y, per_token_scales, fp8_dtype)
+            expected_q, expected_s = vllm_ir.ops.dynamic_quant_fp8.fn(y, per_token_scales, fp8_dtype)
+            assert torch.equal(scales, expected_s)
+            assert torch.equal(q.view(torch.uint8), expected_q.view(torch.uint8))
+
+
 def test_fnuz_clamps_to_224_and_e4m3fn_to_448():
     x = torch.tensor([[1000.0, -1000.0, 230.0]])
     q = vllm_ir.ops.static_quant_fp8(x, torch.ones(1), torch.float8_e4m3fnuz)
@@ -176,3 +223,48 @@ def test_a_tensor_beyond_32_bit_byte_offsets():
         assert torch.equal(q[lo : lo + 4096].view(torch.uint8), eq.view(torch.uint8))
         assert torch.equal(s[lo : lo + 4096], es)
     assert s[-1].item() == pytest.approx(100 / 448)
+
+
+@needs_vllm_c
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("hidden", [200, 1056, 4096])
+def test_fused_quant_kernels_equal_the_unfused_vllm_c_chain(fp8_dtype, hidden):
+    """The fused kernels encode y as the quant kernels do (bf16 rows of >= 512 through the
+    lookup table, checked above over every bf16 value): byte-identical to vllm_c's norm or
+    silu_and_mul followed by vllm_c's quant, over rows of magnitudes 1e-3..1e3."""
+    _vllm_c()
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(33, hidden, generator=g) * torch.logspace(-3, 3, 33).unsqueeze(1)).bfloat16()
+    residual = torch.randn(33, hidden, generator=g).bfloat16()
+    w = (torch.rand(hidden, generator=g) + 0.5).bfloat16()
+    scale = torch.tensor([0.0123])
+    ops = vllm_ir.ops
+    names = (
+        "rms_norm fused_add_rms_norm silu_and_mul static_quant_fp8 dynamic_quant_fp8 rms_norm_static_fp8_quant "
+        "fused_add_rms_norm_static_fp8_quant rms_norm_dynamic_per_token_fp8_quant silu_and_mul_static_fp8_quant"
+    )
+    with vllm_ir.priority(**{name: ["vllm_c"] for name in names.split()}):
+
+        def same(a: Tensor, b: Tensor) -> bool:
+            return torch.equal(
+                a.view(torch.uint8) if a.dtype == fp8_dtype else a, b.view(torch.uint8) if b.dtype == fp8_dtype else b
+            )
+
+        y = ops.rms_norm(x, w, 1e-6)
+        assert same(
+            ops.rms_norm_static_fp8_quant(x, w, 1e-6, scale, fp8_dtype), ops.static_quant_fp8(y, scale, fp8_dtype)
+        )
+        q, s, _ = ops.rms_norm_dynamic_per_token_fp8_quant(x, None, w, 1e-6, fp8_dtype)
+        expected_q, expected_s = ops.dynamic_quant_fp8(y, True, fp8_dtype)
+        assert same(q, expected_q) and torch.equal(s, expected_s)
+        y_added, new_residual = ops.fused_add_rms_norm(x, residual, w, 1e-6)
+        q, r = ops.fused_add_rms_norm_static_fp8_quant(x, residual, w, 1e-6, scale, fp8_dtype)
+        assert same(q, ops.static_quant_fp8(y_added, scale, fp8_dtype)) and torch.equal(r, new_residual)
+        q, s, r = ops.rms_norm_dynamic_per_token_fp8_quant(x, residual, w, 1e-6, fp8_dtype)
+        expected_q, expected_s = ops.dynamic_quant_fp8(y_added, True, fp8_dtype)
+        assert same(q, expected_q) and torch.equal(s, expected_s) and torch.equal(r, new_residual)
+        gate_up = torch.cat([x, residual], dim=1)
+        assert same(
+            ops.silu_and_mul_static_fp8_quant(gate_up, scale, fp8_dtype),
+            ops.static_quant_fp8(ops.silu_and_mul(gate_up), scale, fp8_dtype),
+        )

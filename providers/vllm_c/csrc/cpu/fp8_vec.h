@@ -11,6 +11,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
@@ -187,6 +188,251 @@ inline void quantize_row(const T* src, uint8_t* out, int64_t n, float inv, const
   for (; i < n; ++i) {
     out[i] = quantize_fp8<kFormat>(static_cast<float>(src[i]) * (inv_row ? inv_row[i] : inv), bound);
   }
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Whether this CPU has AVX512-VBMI (byte permutes), asked once. The AVX512 capabilities do not
+// imply it, so the functions using it carry their own target attribute.
+inline bool cpu_has_avx512_vbmi() {
+  static const bool has = __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
+// bf16 rows quantized by a shared scale reciprocal through tables of 128 entries.
+//
+// For x = 1.m * 2^(E-127) (7 mantissa bits), fl(x * inv) = 2^(E-E0) * fl(1.m * 2^(E0-127) * inv)
+// while both products are normal floats, and an fp8 code in the normal range moves by 8 per
+// binade: code(x) = code(1.m * 2^(E0-127) * inv) + 8 * (E - E0). So the codes of the 128
+// mantissas at one reference binade E0 (encoded by encode_bytes: the float path's own answer)
+// give every lane's code by table lookups and adds. What the shift cannot give is recognised
+// per lane: above the bound the code saturates (min with the bound's code 0x7E); far below the
+// smallest subnormal it is zero; the band where fp8 subnormals live (codes -24..7 by the
+// shift), and inf/NaN, take the float path for that step. Bytes identical to quantize_row's.
+//
+// Two steppers: 64 lanes in bytes with AVX512-VBMI's two-table byte permutes, else 32 lanes in
+// 16-bit words with AVX512BW's word permutes.
+template <Fp8Format kFormat>
+class Bf16Fp8Table {
+ public:
+  // The tables for inv; false (use quantize_row) when inv is not in [2^-60, 2^60]: the shift
+  // argument needs the reference products normal and zero/subnormal inputs far below fp8's range.
+  bool build(float inv, float bound) {
+    const int32_t inv_exp = static_cast<int32_t>(float_bits(inv) >> 23) - 127;  // the sign bit makes it large
+    if (!(inv > 0.0f) || inv_exp < -60 || inv_exp > 60) {
+      return false;
+    }
+    // 1.m * 2^(E0-127) * inv lies in [8, 32): normal, below both bounds.
+    const int32_t e0 = 127 + 3 - inv_exp;
+    alignas(64) uint8_t codes[128];
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512 vbound = _mm512_set1_ps(bound);
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (int32_t m = 0; m < 128; m += 16) {
+      const __m512i bits = _mm512_or_si512(_mm512_set1_epi32((e0 << 23) | (m << 16)), _mm512_slli_epi32(lane, 16));
+      const __m512 ref = _mm512_mul_ps(_mm512_castsi512_ps(bits), vinv);
+      _mm_store_si128(reinterpret_cast<__m128i*>(codes + m), encode_bytes<kFormat>(ref, vbound));
+    }
+    // Words: code = word_table[m] + 8 * E.
+    for (int32_t k = 0; k < 4; ++k) {
+      const __m512i c16 = _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 32 * k)));
+      word_table_[k] = _mm512_sub_epi16(c16, _mm512_set1_epi16(static_cast<int16_t>(8 * e0)));
+    }
+    // Bytes, with E = 2h + b (h: the high byte's low 7 bits, b: the low byte's top bit):
+    // code = mantissa_table[m] + 8b + binade_table[h], saturating. mantissa_table is 0..16 (+8b:
+    // 0..24); binade_table entries beyond int8 clip safely (the sum stays <= -25 or >= 126), and
+    // h = 127 (E = 254, 255: inf, NaN) is sent to the float path by landing in the band.
+    const __m512i base = _mm512_set1_epi8(static_cast<char>(codes[0]));
+    for (int32_t k = 0; k < 2; ++k) {
+      byte_table_[k] = _mm512_sub_epi8(_mm512_load_si512(codes + 64 * k), base);
+    }
+    const int32_t offset = static_cast<int32_t>(codes[0]) - 8 * e0;  // binade_table[h] = offset + 16h
+    for (int32_t k = 0; k < 2; ++k) {
+      __m128i parts[4];
+      for (int32_t q = 0; q < 4; ++q) {
+        const __m512i h = _mm512_add_epi32(lane, _mm512_set1_epi32(64 * k + 16 * q));
+        const __m512i v = _mm512_add_epi32(_mm512_slli_epi32(h, 4), _mm512_set1_epi32(offset));
+        const __m512i marked = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(h, _mm512_set1_epi32(127)),
+                                                     _mm512_set1_epi32(-24));
+        parts[q] = _mm512_cvtsepi32_epi8(marked);  // saturating: the clip to int8
+      }
+      const __m256i lo = _mm256_set_m128i(parts[1], parts[0]);
+      const __m256i hi = _mm256_set_m128i(parts[3], parts[2]);
+      byte_table_[2 + k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    inv_ = inv;
+    return true;
+  }
+
+  // out[0:n] = the fp8 codes of fl(float(src[i]) * inv), as quantize_row<kFormat> writes them.
+  void quantize(const c10::BFloat16* src, uint8_t* out, int64_t n, float bound) const {
+    int64_t i = cpu_has_avx512_vbmi() ? quantize_bytes(src, out, n, bound) : 0;
+    i += quantize_words(src + i, out + i, n - i, bound);
+    if (i < n) {
+      quantize_row<kFormat, c10::BFloat16>(src + i, out + i, n - i, inv_, nullptr, bound);
+    }
+  }
+
+  // max |src[0:n]| (NaN if any is NaN) from the bits: bf16 magnitudes order like integers, NaN
+  // above inf. No widening.
+  static float absmax(const c10::BFloat16* src, int64_t n) {
+    const uint16_t* w16 = reinterpret_cast<const uint16_t*>(src);
+    const __m512i magnitude = _mm512_set1_epi16(0x7FFF);
+    __m512i m0 = _mm512_setzero_si512();
+    __m512i m1 = _mm512_setzero_si512();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {  // two chains: the loads, not max's latency, set the pace
+      m0 = _mm512_max_epu16(m0, _mm512_and_si512(_mm512_loadu_si512(w16 + i), magnitude));
+      m1 = _mm512_max_epu16(m1, _mm512_and_si512(_mm512_loadu_si512(w16 + i + 32), magnitude));
+    }
+    __m512i m = _mm512_max_epu16(m0, m1);
+    __m256i h = _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1));
+    __m128i q = _mm_max_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    // phminposuw finds the minimum of 8 words: of the complements, that is the maximum.
+    q = _mm_minpos_epu16(_mm_xor_si128(q, _mm_set1_epi16(-1)));
+    uint16_t result = static_cast<uint16_t>(~_mm_extract_epi16(q, 0));
+    for (; i < n; ++i) {
+      result = std::max<uint16_t>(result, w16[i] & 0x7FFF);
+    }
+    return bits_float(static_cast<uint32_t>(result) << 16);
+  }
+
+ private:
+  static constexpr int kOr = 0xF8;  // ternary logic: a | (b & c), the sign bit into a code
+
+  // Byte indices 0, 2, ..., 126: the low bytes of 64 words held in two registers.
+  static constexpr std::array<uint8_t, 64> kEvenBytes = [] {
+    std::array<uint8_t, 64> even{};
+    for (int32_t j = 0; j < 64; ++j) {
+      even[j] = static_cast<uint8_t>(2 * j);
+    }
+    return even;
+  }();
+
+  // Whole steps of 64 lanes; returns how many elements it wrote.
+  __attribute__((target("avx512vbmi"))) int64_t quantize_bytes(const c10::BFloat16* src, uint8_t* out, int64_t n,
+                                                               float bound) const {
+    const __m512i low_bytes = _mm512_loadu_si512(kEvenBytes.data());
+    const __m512i high_bytes = _mm512_add_epi8(low_bytes, _mm512_set1_epi8(1));
+    const __m512i eight = _mm512_set1_epi8(8);
+    const __m512i band_lo = _mm512_set1_epi8(24);
+    const __m512i band = _mm512_set1_epi8(32);
+    const __m512i top = _mm512_set1_epi8(0x7E);
+    const __m512i sign_bit = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i zero = _mm512_setzero_si512();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      const __m512i w0 = _mm512_loadu_si512(src + i);
+      const __m512i w1 = _mm512_loadu_si512(src + i + 32);
+      const __m512i lo = _mm512_permutex2var_epi8(w0, low_bytes, w1);   // b << 7 | m
+      const __m512i hi = _mm512_permutex2var_epi8(w0, high_bytes, w1);  // sign << 7 | h
+      __m512i mant = _mm512_permutex2var_epi8(byte_table_[0], lo, byte_table_[1]);
+      mant = _mm512_mask_add_epi8(mant, _mm512_movepi8_mask(lo), mant, eight);
+      const __m512i c = _mm512_adds_epi8(mant, _mm512_permutex2var_epi8(byte_table_[2], hi, byte_table_[3]));
+      if (_mm512_cmplt_epu8_mask(_mm512_add_epi8(c, band_lo), band) != 0) {
+        quantize_row<kFormat, c10::BFloat16>(src + i, out + i, 64, inv_, nullptr, bound);
+        continue;
+      }
+      const __m512i code = _mm512_min_epi8(_mm512_max_epi8(c, zero), top);
+      __m512i signed_code = _mm512_ternarylogic_epi32(code, hi, sign_bit, kOr);
+      if constexpr (kFormat == Fp8Format::E4M3FNUZ) {
+        signed_code = _mm512_mask_mov_epi8(signed_code, _mm512_cmpeq_epi8_mask(code, zero), zero);  // no -0
+      }
+      _mm512_storeu_si512(out + i, signed_code);
+    }
+    return i;
+  }
+
+  // Whole steps of 32 lanes; returns how many elements it wrote.
+  int64_t quantize_words(const c10::BFloat16* src, uint8_t* out, int64_t n, float bound) const {
+    const __m512i mantissa_hi = _mm512_set1_epi16(0x40);
+    const __m512i exponent8 = _mm512_set1_epi16(0x7F8);
+    const __m512i magnitude = _mm512_set1_epi16(0x7FFF);
+    const __m512i special = _mm512_set1_epi16(0x7F80);  // inf and NaN from here up
+    const __m512i band_lo = _mm512_set1_epi16(24);
+    const __m512i band = _mm512_set1_epi16(32);
+    const __m512i top = _mm512_set1_epi16(0x7E);
+    const __m512i sign_bit = _mm512_set1_epi16(0x80);
+    const __m512i zero = _mm512_setzero_si512();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m512i w = _mm512_loadu_si512(src + i);
+      const __m512i low = _mm512_permutex2var_epi16(word_table_[0], w, word_table_[1]);
+      const __m512i high = _mm512_permutex2var_epi16(word_table_[2], w, word_table_[3]);
+      const __m512i t = _mm512_mask_mov_epi16(low, _mm512_test_epi16_mask(w, mantissa_hi), high);
+      const __m512i c = _mm512_add_epi16(t, _mm512_and_si512(_mm512_srli_epi16(w, 4), exponent8));
+      if ((_mm512_cmplt_epu16_mask(_mm512_add_epi16(c, band_lo), band) |
+           _mm512_cmpge_epu16_mask(_mm512_and_si512(w, magnitude), special)) != 0) {
+        quantize_row<kFormat, c10::BFloat16>(src + i, out + i, 32, inv_, nullptr, bound);
+        continue;
+      }
+      const __m512i code = _mm512_min_epi16(_mm512_max_epi16(c, zero), top);
+      __m512i signed_code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(w, 8), sign_bit, kOr);
+      if constexpr (kFormat == Fp8Format::E4M3FNUZ) {
+        signed_code = _mm512_mask_mov_epi16(signed_code, _mm512_cmpeq_epi16_mask(code, zero), zero);  // no -0
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi16_epi8(signed_code));
+    }
+    return i;
+  }
+
+  __m512i word_table_[4];
+  __m512i byte_table_[4];  // mantissa table (2 registers), binade table (2 registers)
+  float inv_ = 0.0f;
+};
+#endif
+
+// quantize_row for rows whose scale is one number per row: bf16 rows of at least kMinRow
+// elements go through a Bf16Fp8Table (rebuilt when inv changes) where AVX512 is compiled, the
+// rest through quantize_row. The same bytes either way.
+template <Fp8Format kFormat, typename T>
+class RowQuantizer {
+ public:
+  static constexpr int64_t kMinRow = 512;  // below this a table costs more than it saves
+
+  // Whether rows of n elements may go through the table (if inv allows it).
+  static constexpr bool by_table(int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512)
+    return std::is_same_v<T, c10::BFloat16> && n >= kMinRow;
+#else
+    return false;
+#endif
+  }
+
+  void operator()(const T* src, uint8_t* out, int64_t n, float inv, float bound) {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (by_table(n)) {
+        if (!(inv == built_for_)) {  // NaN never matches: build() declines it again
+          usable_ = table_.build(inv, bound);
+          built_for_ = inv;
+        }
+        if (usable_) {
+          table_.quantize(src, out, n, bound);
+          return;
+        }
+      }
+    }
+#endif
+    quantize_row<kFormat, T>(src, out, n, inv, nullptr, bound);
+  }
+
+ private:
+#if defined(CPU_CAPABILITY_AVX512)
+  Bf16Fp8Table<kFormat> table_;
+  float built_for_ = 0.0f;  // build(0) declines: usable_ stays false until a real inv
+  bool usable_ = false;
+#endif
+};
+
+// max |src[0:n]| (NaN if any is NaN), the widening-free way for bf16 where AVX512 is compiled.
+template <typename T>
+inline float row_absmax(const T* src, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return Bf16Fp8Table<Fp8Format::E4M3FN>::absmax(src, n);
+  }
+#endif
+  return widen_absmax<T>(src, nullptr, n);
 }
 
 }  // namespace fp8_vec

@@ -8,7 +8,8 @@
 // re-reads the row from L1 (prefetching the next row), stores the new residual, normalizes,
 // applies the weight and keeps y in a per-thread fp32 row buffer (taking its absmax for a
 // dynamic scale); pass 3 encodes that buffer (group ops: each group's absmax, scale and codes
-// from the buffer, as the group quant kernel takes them from its widened row). The unfused pair writes y to memory in the model
+// from the buffer, as the group quant kernel takes them from its widened row). bf16 rows with
+// one scale keep y in bf16 instead and encode it through fp8_vec.h's lookup table. The unfused pair writes y to memory in the model
 // dtype and reads it back; here y never leaves L1. (Encoding inside the pass-2 loop measured
 // slower: 464 vs 420 us at bf16 [256, 4096] on one thread, the fp8 encoding being the
 // compute-bound part.)
@@ -47,6 +48,7 @@ using float_vec::kStep;
 using float_vec::load_float;
 using float_vec::round_float;
 using float_vec::store_float;
+using float_vec::store_rounded;
 
 // Fewer elements than this per task are not worth a parallel region (as the norm kernels).
 constexpr int64_t kMinElementsPerTask = 16384;
@@ -106,10 +108,20 @@ float apply_weight(float y, const float* w, int64_t d) {
   }
 }
 
-// One row. `buf` holds y in fp32 between pass 2 and pass 3. Pass 2 (compute-bound)
-// prefetches the next row's inputs (`next`), which pass 1 (memory-bound) then finds in cache.
+// Whether pass 2 keeps y in T for pass 3 to encode by RowQuantizer's table (bf16 rows whose y
+// is already rounded to bf16: a weight of T or none; one scale per row) instead of in fp32.
+template <typename T, Fp8Format kFormat, QuantKind kQuant, WeightKind kKind>
+bool stages_in_t(int64_t n) {
+  return kQuant != QuantKind::kGroup && kKind != WeightKind::kFp32 &&
+         fp8_vec::RowQuantizer<kFormat, T>::by_table(n);
+}
+
+// One row. `buf` holds y in fp32 between pass 2 and pass 3 (or `stage` in T, see stages_in_t).
+// Pass 2 (compute-bound) prefetches the next row's inputs (`next`), which pass 1
+// (memory-bound) then finds in cache.
 template <typename T, Fp8Format kFormat, bool kResidual, QuantKind kQuant, WeightKind kKind>
-void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, float* buf) {
+void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, float* buf, T* stage,
+         fp8_vec::RowQuantizer<kFormat, T>& quantize_by) {
   const int64_t n = a.hidden;
   const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
   const T* res = kResidual ? static_cast<const T*>(a.residual) + a.residual_rows.offset(r) : nullptr;
@@ -151,8 +163,12 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     }
     auto [n0, n1] = round_float<T>(s0 * vinv_rms, s1 * vinv_rms);
     auto [y0, y1] = apply_weight<T, kKind>(n0, n1, w + d);
-    y0.store(buf + d);
-    y1.store(buf + d + fVec::size());
+    if (stage != nullptr) {
+      store_rounded(stage + d, y0, y1);
+    } else {
+      y0.store(buf + d);
+      y1.store(buf + d + fVec::size());
+    }
     if constexpr (kDynamic) {
       absmax_bits =
           at::vec::maximum(absmax_bits, at::vec::maximum(fp8_vec::magnitude_bits(y0), fp8_vec::magnitude_bits(y1)));
@@ -165,7 +181,11 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
       res_out[d] = static_cast<T>(s);
     }
     const float y = apply_weight<T, kKind>(round_scalar<T>(s * inv_rms), w, d);
-    buf[d] = y;
+    if (stage != nullptr) {
+      stage[d] = static_cast<T>(y);
+    } else {
+      buf[d] = y;
+    }
     if constexpr (kDynamic) {
       tail_bits = std::max(tail_bits, static_cast<int32_t>(float_bits(y) & 0x7FFFFFFFu));
     }
@@ -179,9 +199,15 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     }
     const float scale = dynamic_scale(fp8_vec::float_of_bits(tail_bits), a.scale_ub, kFormat);
     a.scales[r] = scale;
-    fp8_vec::quantize_row<kFormat, float>(buf, out, n, 1.0f / scale, nullptr, bound);
+    if (stage != nullptr) {
+      quantize_by(stage, out, n, 1.0f / scale, bound);
+    } else {
+      fp8_vec::quantize_row<kFormat, float>(buf, out, n, 1.0f / scale, nullptr, bound);
+    }
   } else if constexpr (kQuant == QuantKind::kGroup) {
     quantize_groups<kFormat>(buf, out, n, a.group, r);
+  } else if (stage != nullptr) {
+    quantize_by(stage, out, n, inv_scale, bound);
   } else {
     fp8_vec::quantize_row<kFormat, float>(buf, out, n, inv_scale, nullptr, bound);
   }
@@ -193,10 +219,14 @@ void rows(const RmsNormQuantArgs& a) {
     // A weight of T widened once per task; an fp32 weight is used as is.
     const norm_vec::Fp32Weight<T> same(kKind == WeightKind::kSame ? a.weight : nullptr, a.hidden);
     const float* w = kKind == WeightKind::kSame ? same.data() : static_cast<const float*>(a.weight);
-    std::vector<float> buf(a.hidden);
+    const bool staged = stages_in_t<T, kFormat, kQuant, kKind>(a.hidden);
+    std::vector<float> buf(staged ? 0 : a.hidden);
+    std::vector<T> stage(staged ? a.hidden : 0);
+    fp8_vec::RowQuantizer<kFormat, T> quantize_by;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
-      row<T, kFormat, kResidual, kQuant, kKind>(a, r, next, w, buf.data());
+      row<T, kFormat, kResidual, kQuant, kKind>(a, r, next, w, buf.data(), staged ? stage.data() : nullptr,
+                                                quantize_by);
     }
   });
 }
@@ -250,8 +280,12 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
   const int64_t body = d - d % act_vec::kAtenStep<T>;
   const float inv_scale = kGroup ? 0.0f : 1.0f / *a.scale;
   const float bound = fp8_bound(kFormat);
+  // Static quant of bf16 keeps y in T (already rounded to it) for RowQuantizer's table.
+  const bool staged = !kGroup && fp8_vec::RowQuantizer<kFormat, T>::by_table(d);
   at::parallel_for(0, a.rows, grain_size(2 * d), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(d);
+    std::vector<float> buf(staged ? 0 : d);
+    std::vector<T> stage(staged ? d : 0);
+    fp8_vec::RowQuantizer<kFormat, T> quantize_by;
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = static_cast<const T*>(a.input) + a.input_rows.offset(r);
       const T* up = gate + d;
@@ -261,15 +295,26 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
         auto [u0, u1] = load_float(up + i);
         auto [s0, s1] = round_float<T>(act_vec::silu(g0), act_vec::silu(g1));
         auto [y0, y1] = round_float<T>(s0 * u0, s1 * u1);
-        y0.store(buf.data() + i);
-        y1.store(buf.data() + i + fVec::size());
+        if (staged) {
+          store_rounded(stage.data() + i, y0, y1);
+        } else {
+          y0.store(buf.data() + i);
+          y1.store(buf.data() + i + fVec::size());
+        }
       }
       for (; i < d; ++i) {
         const float s = round_scalar<T>(act_vec::silu(static_cast<float>(gate[i])));
-        buf[i] = round_scalar<T>(s * static_cast<float>(up[i]));
+        const float y = round_scalar<T>(s * static_cast<float>(up[i]));
+        if (staged) {
+          stage[i] = static_cast<T>(y);
+        } else {
+          buf[i] = y;
+        }
       }
       if constexpr (kGroup) {
         quantize_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, r);
+      } else if (staged) {
+        quantize_by(stage.data(), a.out + r * d, d, inv_scale, bound);
       } else {
         fp8_vec::quantize_row<kFormat, float>(buf.data(), a.out + r * d, d, inv_scale, nullptr, bound);
       }

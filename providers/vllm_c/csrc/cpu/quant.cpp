@@ -58,6 +58,7 @@ void static_quant_rows(const StaticQuantArgs& a) {
   const bool per_column = a.col_group < hidden;  // the scale changes along a row
   at::parallel_for(0, a.rows, grain_size(hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> inv_row(per_column ? hidden : 0);
+    RowQuantizer<kFormat, T> quantize_by;
     int64_t cached = -1;  // the scale row inv_row holds
     for (int64_t r = begin; r < end; ++r) {
       const int64_t scale_row = r / a.row_group;
@@ -68,9 +69,12 @@ void static_quant_rows(const StaticQuantArgs& a) {
         }
         cached = scale_row;
       }
-      const float inv = per_column ? 0.0f : 1.0f / srow[0];
-      quantize_row<kFormat, T>(input + a.input_rows.offset(r), a.out + r * hidden, hidden, inv,
-                               per_column ? inv_row.data() : nullptr, bound);
+      if (per_column) {
+        quantize_row<kFormat, T>(input + a.input_rows.offset(r), a.out + r * hidden, hidden, 0.0f, inv_row.data(),
+                                 bound);
+      } else {
+        quantize_by(input + a.input_rows.offset(r), a.out + r * hidden, hidden, 1.0f / srow[0], bound);
+      }
     }
   });
 }
@@ -80,19 +84,22 @@ void dynamic_per_token_rows(const DynamicQuantArgs& a) {
   const T* input = static_cast<const T*>(a.input);
   const float bound = fp8_bound(kFormat);
   const int64_t hidden = a.hidden;
-  const bool buffered = hidden <= kRowBuffer;
+  // bf16 rows that RowQuantizer takes through its table are read twice (absmax, then the
+  // table), the second time from L1; the others are widened once into the row buffer.
+  const bool buffered = hidden <= kRowBuffer && !RowQuantizer<kFormat, T>::by_table(hidden);
   at::parallel_for(0, a.rows, grain_size(hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> row(buffered ? hidden : 0);
+    RowQuantizer<kFormat, T> quantize_by;
     for (int64_t r = begin; r < end; ++r) {
       const T* x = input + a.input_rows.offset(r);
-      const float absmax = widen_absmax<T>(x, buffered ? row.data() : nullptr, hidden);
+      const float absmax = buffered ? widen_absmax<T>(x, row.data(), hidden) : row_absmax<T>(x, hidden);
       const float scale = dynamic_scale(absmax, a.scale_ub, kFormat);
       a.scale[r] = scale;
       const float inv = 1.0f / scale;
       if (buffered) {
         quantize_row<kFormat, float>(row.data(), a.out + r * hidden, hidden, inv, nullptr, bound);
       } else {
-        quantize_row<kFormat, T>(x, a.out + r * hidden, hidden, inv, nullptr, bound);
+        quantize_by(x, a.out + r * hidden, hidden, inv, bound);
       }
     }
   });
@@ -105,7 +112,7 @@ void absmax_rows(const AbsmaxArgs& a) {
       0, a.rows, grain_size(a.hidden), 0.0f,
       [&](int64_t begin, int64_t end, float acc) {
         for (int64_t r = begin; r < end; ++r) {
-          acc = nan_max(acc, widen_absmax<T>(input + a.input_rows.offset(r), nullptr, a.hidden));
+          acc = nan_max(acc, row_absmax<T>(input + a.input_rows.offset(r), a.hidden));
         }
         return acc;
       },
