@@ -107,6 +107,8 @@ class _State:
     defaults: dict[str, dict[str, list[tuple[str, str]]]] = field(default_factory=dict)
     #: Bumped whenever the set of live plugins changes (a failure withdraws one).
     generation: int = 0
+    #: provider name -> the plugin (record name) whose withdrawal took that provider's implementations.
+    withdrawn: dict[str, str] = field(default_factory=dict)
 
 
 _state = _State()
@@ -407,6 +409,7 @@ def _record_failure(name: str, status: ProviderStatus, reason: str) -> ProviderR
 def _withdraw(record: ProviderRecord) -> None:
     """Undo what a provider did: its implementations, the ops it declared, and its hooks."""
     for provider, ops in record.implementations.items():
+        _state.withdrawn[provider] = record.name
         for op_name in ops:
             if op_name not in record.ops and registry.has_op(op_name):
                 registry.get_op(op_name).remove_impl(provider)
@@ -707,4 +710,18 @@ def install() -> None:
     """Wire discovery into the core: lazy loading, the defaults layer and the known provider names."""
     registry.set_providers_loader(ensure_loaded)
     _priority.set_defaults_source(merged_defaults)
-    _priority.set_known_names(lambda: list(_state.records))
+    _priority.set_known_names(lambda: [*_state.records, *_state.withdrawn])
+    _priority.set_absence_source(absence_reason)
+
+
+def absence_reason(provider: str) -> str | None:
+    """Why ``provider`` has no implementation here, from its plugin's record (what ``providers list``
+    shows): ``plugin 'x' (dist 1.0) failed: <reason>``. None when no plugin of that name failed,
+    was refused, blocked or left unloaded (the provider is simply not installed, or its loaded
+    plugin does not implement this op)."""
+    name = provider if provider in _state.records else _state.withdrawn.get(provider)
+    record = _state.records.get(name) if name is not None else None
+    if record is None or record.status in (ProviderStatus.LOADED, ProviderStatus.UNSUPPORTED):
+        return None
+    origin = f" ({record.distribution} {record.version})" if record.distribution else ""
+    return f"plugin {record.name!r}{origin} {record.status.value}: {record.reason or 'no reason recorded'}"
