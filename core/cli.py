@@ -696,8 +696,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        from vllm_ir.plugins import interrupted_plugin
+
+        print(f"{prog}: {interrupted_plugin(exc) or 'interrupted'}", file=sys.stderr)
         return 130
     except Exception as exc:
         from vllm_ir.errors import VllmIrError

@@ -317,10 +317,17 @@ def _load(name: str, explicit: bool = False) -> None:
         module = ep.load()
     except PluginError:
         raise  # strict mode, from a discovery the import itself started
-    except KeyboardInterrupt:
-        # Ctrl-C belongs to the user: stop, but leave no half-registered plugin behind.
+    except KeyboardInterrupt as exc:
+        # Ctrl-C belongs to the user: stop, but leave no half-registered plugin behind, and say
+        # which plugin was being imported (a plugin raising it by itself is otherwise anonymous).
         _note_registrations(record, ops_before, impls_before)
         _record_failure(name, ProviderStatus.FAILED, f"import of {ep.value} was interrupted (KeyboardInterrupt)")
+        note = interrupted_note(record)
+        log.warning("%s", note)
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # Python 3.10: the same attribute, read by interrupted_plugin
+            exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
         raise
     except BaseException as exc:  # SystemExit too: a plugin must not end the host process
         _note_registrations(record, ops_before, impls_before)
@@ -452,6 +459,22 @@ def _hook_impls(hook_name: str) -> list[Any]:
     if _state.manager is None:
         return []
     return list(reversed(getattr(_state.manager.hook, hook_name).get_hookimpls()))
+
+
+#: How every note `interrupted_note` adds to a ``KeyboardInterrupt`` begins.
+INTERRUPTED_NOTE = "interrupted while importing plugin "
+
+
+def interrupted_note(record: ProviderRecord) -> str:
+    """``interrupted while importing plugin 'x' (distribution acme-x 1.0)``: added to the
+    ``KeyboardInterrupt`` that stopped a plugin's import, which then propagates."""
+    origin = f" (distribution {record.distribution} {record.version})" if record.distribution else ""
+    return f"{INTERRUPTED_NOTE}{record.name!r}{origin}"
+
+
+def interrupted_plugin(exc: BaseException) -> str | None:
+    """The note `interrupted_note` added to ``exc`` (None: not interrupted in a plugin's import)."""
+    return next((n for n in getattr(exc, "__notes__", ()) if n.startswith(INTERRUPTED_NOTE)), None)
 
 
 def _guard(plugin: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:

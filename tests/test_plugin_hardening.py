@@ -299,6 +299,29 @@ def test_ctrl_c_during_a_plugin_import_propagates_and_discovery_resumes(site):
     _everything_else_works("tp_ctrlc")
 
 
+def test_ctrl_c_during_a_plugin_import_names_the_plugin(site, capsys, caplog):
+    """The interrupt still propagates (Ctrl-C must work), with a note naming the plugin; the CLI's
+    one line says which plugin's import was interrupted."""
+    make_dist(site, "tp-ctrlc", GOOD_IMPL.format(provider="tp_ctrlc") + "\nraise KeyboardInterrupt\n")
+    note = "interrupted while importing plugin 'tp_ctrlc' (distribution tp-ctrlc 1.0.0)"
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"), pytest.raises(KeyboardInterrupt) as raised:
+        vllm_ir.load_providers()
+    assert raised.value.__notes__ == [note]
+    assert note in caplog.text
+    plugins.reset_for_tests()
+    assert cli.main(["providers", "list"]) == 130
+    assert capsys.readouterr().err == f"vllm-ir providers list: {note}\n"
+
+
+def test_ctrl_c_outside_a_plugin_import_is_a_plain_interrupt(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_doctor", interrupted)
+    assert cli.main(["doctor"]) == 130
+    assert capsys.readouterr().err == "vllm-ir doctor: interrupted\n"
+
+
 # ---------------------------------------------------------------------------------------
 # One status everywhere
 
