@@ -1,7 +1,8 @@
 """The ``vllm-ir`` command line: see and steer every choice the dispatcher makes.
 
-Verbs: ``providers list``, ``ops``, ``explain``, ``doctor``, ``bench``. Each takes ``--json``
-(stable fields, documented in README). Human output is a table. Every error is one line on
+Verbs: ``providers list``, ``ops``, ``explain``, ``doctor``, ``bench``. The first four take
+``--json`` (stable fields on stdout instead of the table, documented in README); ``bench``
+takes ``--json FILE`` (every figure written to FILE). Human output is a table. Every error is one line on
 stderr naming the argument (or setting) and the accepted values: exit code 2 for a usage
 error (a bad argument, an argument this machine cannot honour), 1 for a failure the command
 reports. ``VLLM_IR_LOG_LEVEL=DEBUG`` adds the traceback of an unexpected error.
@@ -695,8 +696,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        from vllm_ir.plugins import interrupted_plugin
+
+        print(f"{prog}: {interrupted_plugin(exc) or 'interrupted'}", file=sys.stderr)
         return 130
     except Exception as exc:
         from vllm_ir.errors import VllmIrError

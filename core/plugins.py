@@ -107,6 +107,8 @@ class _State:
     defaults: dict[str, dict[str, list[tuple[str, str]]]] = field(default_factory=dict)
     #: Bumped whenever the set of live plugins changes (a failure withdraws one).
     generation: int = 0
+    #: provider name -> the plugin (record name) whose withdrawal took that provider's implementations.
+    withdrawn: dict[str, str] = field(default_factory=dict)
 
 
 _state = _State()
@@ -315,10 +317,17 @@ def _load(name: str, explicit: bool = False) -> None:
         module = ep.load()
     except PluginError:
         raise  # strict mode, from a discovery the import itself started
-    except KeyboardInterrupt:
-        # Ctrl-C belongs to the user: stop, but leave no half-registered plugin behind.
+    except KeyboardInterrupt as exc:
+        # Ctrl-C belongs to the user: stop, but leave no half-registered plugin behind, and say
+        # which plugin was being imported (a plugin raising it by itself is otherwise anonymous).
         _note_registrations(record, ops_before, impls_before)
         _record_failure(name, ProviderStatus.FAILED, f"import of {ep.value} was interrupted (KeyboardInterrupt)")
+        note = interrupted_note(record)
+        log.warning("%s", note)
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # Python 3.10: the same attribute, read by interrupted_plugin
+            exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
         raise
     except BaseException as exc:  # SystemExit too: a plugin must not end the host process
         _note_registrations(record, ops_before, impls_before)
@@ -407,6 +416,7 @@ def _record_failure(name: str, status: ProviderStatus, reason: str) -> ProviderR
 def _withdraw(record: ProviderRecord) -> None:
     """Undo what a provider did: its implementations, the ops it declared, and its hooks."""
     for provider, ops in record.implementations.items():
+        _state.withdrawn[provider] = record.name
         for op_name in ops:
             if op_name not in record.ops and registry.has_op(op_name):
                 registry.get_op(op_name).remove_impl(provider)
@@ -449,6 +459,22 @@ def _hook_impls(hook_name: str) -> list[Any]:
     if _state.manager is None:
         return []
     return list(reversed(getattr(_state.manager.hook, hook_name).get_hookimpls()))
+
+
+#: How every note `interrupted_note` adds to a ``KeyboardInterrupt`` begins.
+INTERRUPTED_NOTE = "interrupted while importing plugin "
+
+
+def interrupted_note(record: ProviderRecord) -> str:
+    """``interrupted while importing plugin 'x' (distribution acme-x 1.0)``: added to the
+    ``KeyboardInterrupt`` that stopped a plugin's import, which then propagates."""
+    origin = f" (distribution {record.distribution} {record.version})" if record.distribution else ""
+    return f"{INTERRUPTED_NOTE}{record.name!r}{origin}"
+
+
+def interrupted_plugin(exc: BaseException) -> str | None:
+    """The note `interrupted_note` added to ``exc`` (None: not interrupted in a plugin's import)."""
+    return next((n for n in getattr(exc, "__notes__", ()) if n.startswith(INTERRUPTED_NOTE)), None)
 
 
 def _guard(plugin: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
@@ -707,4 +733,18 @@ def install() -> None:
     """Wire discovery into the core: lazy loading, the defaults layer and the known provider names."""
     registry.set_providers_loader(ensure_loaded)
     _priority.set_defaults_source(merged_defaults)
-    _priority.set_known_names(lambda: list(_state.records))
+    _priority.set_known_names(lambda: [*_state.records, *_state.withdrawn])
+    _priority.set_absence_source(absence_reason)
+
+
+def absence_reason(provider: str) -> str | None:
+    """Why ``provider`` has no implementation here, from its plugin's record (what ``providers list``
+    shows): ``plugin 'x' (dist 1.0) failed: <reason>``. None when no plugin of that name failed,
+    was refused, blocked or left unloaded (the provider is simply not installed, or its loaded
+    plugin does not implement this op)."""
+    name = provider if provider in _state.records else _state.withdrawn.get(provider)
+    record = _state.records.get(name) if name is not None else None
+    if record is None or record.status in (ProviderStatus.LOADED, ProviderStatus.UNSUPPORTED):
+        return None
+    origin = f" ({record.distribution} {record.version})" if record.distribution else ""
+    return f"plugin {record.name!r}{origin} {record.status.value}: {record.reason or 'no reason recorded'}"

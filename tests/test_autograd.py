@@ -12,10 +12,12 @@ import importlib.util
 import pytest
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import vllm_ir
 from tests.compile_models import make_decoder
 from tests.conftest import unique
+from vllm_ir.ir import registry
 
 # The providers of this repo register their implementations on import (as plugin discovery
 # would), before conftest's per-test registry snapshot.
@@ -255,3 +257,113 @@ def test_compiled_training_gradients_equal_eager_native_ones(priority):
     assert grads.keys() == expected.keys()
     for name, g in expected.items():
         torch.testing.assert_close(grads[name], g, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _differentiable_cases() -> list[tuple[str, tuple]]:
+    """(label, float32 inputs) of every registered op whose gradients can be compared, by rule.
+
+    An op is differentiable here when its native function, on the op's own generated inputs,
+    returns floating outputs of which none is an fp8 dtype (quantizing ops have no gradient)
+    and dispatches no collective (`COLLECTIVE_NAMESPACES`: no autograd formula). Besides the default
+    inputs, each input variant that leaves a tensor argument out (``None``: rotary without a
+    key, a norm without weight) is a case of its own. New ops join automatically.
+    """
+    cases = []
+    for op in registry.all_ops():
+        default = op.generate_inputs(GRAD_SHAPE, torch.float32)
+        present = [isinstance(a, Tensor) for a in default]
+        args_per_case = {op.name: default}
+        for variant, options in op.input_variants.items():
+            args = op.generate_inputs(GRAD_SHAPE, torch.float32, **options)
+            if [isinstance(a, Tensor) for a in args] != present:
+                args_per_case[f"{op.name}[{variant}]"] = args
+        if _native_is_differentiable(op, default):
+            cases += list(args_per_case.items())
+    return cases
+
+
+def _native_is_differentiable(op, args: tuple) -> bool:
+    leaves = [a.detach().clone().requires_grad_() if _floating(a) else a for a in args]
+    with _RecordOps() as recorded:
+        outputs = op.fn(*leaves)
+    outputs = [o for o in (outputs if isinstance(outputs, tuple) else (outputs,)) if isinstance(o, Tensor)]
+    if not outputs or any(not o.is_floating_point() or o.dtype in FP8_DTYPES for o in outputs):
+        return False
+    return not recorded.namespaces & COLLECTIVE_NAMESPACES
+
+
+class _RecordOps(TorchDispatchMode):
+    """The namespaces of the ops a call dispatches (below autograd)."""
+
+    def __init__(self):
+        super().__init__()
+        self.namespaces: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.namespaces.add(func.namespace)
+        return func(*args, **(kwargs or {}))
+
+
+#: Collectives have no autograd formula (torch differentiates them with its "autograd kernel was
+#: not registered" fallback, which is wrong across ranks): ops that dispatch one are not compared.
+COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional"}
+
+
+def _floating(a: object) -> bool:
+    return isinstance(a, Tensor) and a.is_floating_point()
+
+
+GRAD_SHAPE = (2, 32)
+FP8_DTYPES = {d for d in vars(torch).values() if isinstance(d, torch.dtype) and "float8" in str(d)}
+
+
+def test_compiled_gradients_of_every_differentiable_op_equal_eager_native_ones():
+    """Every differentiable op (by rule: `_differentiable_cases`), called once each in ONE
+    function compiled by ``vllm_ir.compile`` (Inductor, default priority): every input's
+    gradient equals eager native's (``torch.autograd.grad`` of ``op.fn``), within the op's
+    tolerances."""
+    cases = _differentiable_cases()
+    names = {label.split("[")[0] for label, _ in cases}
+    assert {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"} <= names
+    assert "rotary_embedding[no_key]" in dict(cases)
+    assert not [n for n in names if "quant" in n or n.startswith("all_reduce")]
+    ops_of = {label: getattr(ops, label.split("[")[0]) for label, _ in cases}
+    slots = [(label, i) for label, args in cases for i, a in enumerate(args) if _floating(a)]
+    constants = {label: args for label, args in cases}
+
+    def call_every_op(*tensors):
+        given = dict(zip(slots, tensors, strict=True))
+        outputs = []
+        for label, args in constants.items():
+            call = [given.get((label, i), a) for i, a in enumerate(args)]
+            out = ops_of[label](*call)
+            outputs += [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, Tensor)]
+        return tuple(outputs)
+
+    inputs = [constants[label][i] for label, i in slots]
+
+    def grads_of(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        return torch.autograd.grad(_loss(fn(*leaves)), leaves, allow_unused=True)
+
+    torch._dynamo.reset()
+    compiled = vllm_ir.compile(call_every_op)
+    actual = grads_of(compiled)
+    selected = vllm_ir.passes.record_of(compiled).selected_impls
+    assert set(selected) == {ops_of[label].name for label, _ in cases}, "every op went through the passes"
+
+    def native(*tensors):
+        given = dict(zip(slots, tensors, strict=True))
+        outputs = []
+        for label, args in constants.items():
+            out = ops_of[label].fn(*[given.get((label, i), a) for i, a in enumerate(args)])
+            outputs += [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, Tensor)]
+        return tuple(outputs)
+
+    expected = grads_of(native)
+    for (label, i), a, e in zip(slots, actual, expected, strict=True):
+        what = f"{label}: gradient of argument {i}"
+        assert e is not None, f"{what}: eager native has none"
+        assert a is not None, f"{what}: missing through vllm_ir.compile"
+        atol, rtol = ops_of[label].tolerance(torch.float32)
+        torch.testing.assert_close(a, e, atol=atol, rtol=rtol, msg=lambda m, w=what: f"{w}: {m}")

@@ -299,6 +299,29 @@ def test_ctrl_c_during_a_plugin_import_propagates_and_discovery_resumes(site):
     _everything_else_works("tp_ctrlc")
 
 
+def test_ctrl_c_during_a_plugin_import_names_the_plugin(site, capsys, caplog):
+    """The interrupt still propagates (Ctrl-C must work), with a note naming the plugin; the CLI's
+    one line says which plugin's import was interrupted."""
+    make_dist(site, "tp-ctrlc", GOOD_IMPL.format(provider="tp_ctrlc") + "\nraise KeyboardInterrupt\n")
+    note = "interrupted while importing plugin 'tp_ctrlc' (distribution tp-ctrlc 1.0.0)"
+    with caplog.at_level(logging.WARNING, logger="vllm_ir"), pytest.raises(KeyboardInterrupt) as raised:
+        vllm_ir.load_providers()
+    assert raised.value.__notes__ == [note]
+    assert note in caplog.text
+    plugins.reset_for_tests()
+    assert cli.main(["providers", "list"]) == 130
+    assert capsys.readouterr().err == f"vllm-ir providers list: {note}\n"
+
+
+def test_ctrl_c_outside_a_plugin_import_is_a_plain_interrupt(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_doctor", interrupted)
+    assert cli.main(["doctor"]) == 130
+    assert capsys.readouterr().err == "vllm-ir doctor: interrupted\n"
+
+
 # ---------------------------------------------------------------------------------------
 # One status everywhere
 
@@ -366,3 +389,43 @@ def test_discovery_is_silent_at_default_log_level(site, caplog):
     make_dist(site, "tp-quiet", GOOD_IMPL.format(provider="tp_quiet"))
     vllm_ir.provider_records()
     assert not [r for r in caplog.records if r.name.startswith("vllm_ir")]
+
+
+# ---------------------------------------------------------------------------------------
+# explain names the failed plugin and its reason
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::vllm_ir.ConfigWarning")
+@pytest.mark.parametrize("entry", ["tp_boom", "tp_boom_plugin"], ids=["same_name", "other_entry_point_name"])
+def test_explain_says_a_listed_provider_s_plugin_failed_and_why(site, monkeypatch, capsys, entry):
+    """Not "no implementation is registered": the plugin's status and reason, the same text as
+    ``providers list`` (one source: the provider record), in the Python explain and the CLI's."""
+    source = GOOD_IMPL.format(provider="tp_boom") + "\nraise RuntimeError('kernels missing')\n"
+    make_dist(site, "tp-boom", source, entry=entry)
+    monkeypatch.setenv("VLLM_IR_OP_PRIORITY", "rms_norm=tp_boom,native")
+    vllm_ir.reload_env()
+    record = _record(entry)
+    assert record.status is ProviderStatus.FAILED
+    assert record.reason == "import of tp_boom failed: RuntimeError: kernels missing"
+    expected = f"plugin {entry!r} (tp-boom 1.0.0) failed: {record.reason}"
+    explanation = vllm_ir.ops.rms_norm.explain(*_x())
+    verdict = next(v for v in explanation.verdicts if v.provider == "tp_boom")
+    assert (verdict.status, verdict.reason) == ("not installed", expected)
+    assert expected in str(explanation)
+    assert explanation.chosen == "native"
+    listed = {r["name"]: r for r in _cli_json(capsys, "providers", "list")["providers"]}
+    shown = _cli_json(capsys, "explain", "rms_norm", "--shape", "2x8")
+    cli_verdict = next(v for v in shown["verdicts"] if v["provider"] == "tp_boom")
+    assert cli_verdict["reason"] == expected == f"plugin {entry!r} (tp-boom 1.0.0) failed: {listed[entry]['reason']}"
+
+
+@pytest.mark.filterwarnings("ignore::vllm_ir.ConfigWarning")
+def test_explain_of_a_provider_no_plugin_offers_keeps_the_plain_reason(site, monkeypatch):
+    make_dist(site, "tp-fine", GOOD_IMPL.format(provider="tp_fine"))  # loaded; implements rms_norm only
+    monkeypatch.setenv("VLLM_IR_OP_PRIORITY", "fused_add_rms_norm=tp_fine,native")
+    vllm_ir.reload_env()
+    verdict = vllm_ir.ops.fused_add_rms_norm.explain(torch.randn(3, 8), torch.randn(3, 8), None, 1e-6).verdicts[0]
+    assert (verdict.provider, verdict.reason) == (
+        "tp_fine",
+        "no 'tp_fine' implementation of fused_add_rms_norm is registered",
+    )

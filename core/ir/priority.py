@@ -126,6 +126,15 @@ _global: dict[str, tuple[str, ...]] = {}
 _defaults_source: DefaultsSource | None = None
 #: Provider names known besides the registered implementations (the discovered entry points).
 _known_names: Callable[[], Iterable[str]] = tuple
+
+
+def _no_reason(provider: str) -> str | None:
+    return None
+
+
+#: Why a provider named in a priority list has no implementation here, when discovery knows
+#: (its plugin failed, was refused, blocked or not loaded): the reason ``providers list`` shows. None: unknown.
+_absence_reason: Callable[[str], str | None] = _no_reason
 _settings: Settings | None = None
 _resolved: dict[tuple[str, Mode, _Scope | None], ResolvedPriority] = {}
 registry.on_invalidate(_resolved.clear)
@@ -178,6 +187,13 @@ def set_known_names(source: Callable[[], Iterable[str]]) -> None:
     """Install where provider names beyond the registered implementations come from (discovery)."""
     global _known_names
     _known_names = source
+
+
+def set_absence_source(source: Callable[[str], str | None]) -> None:
+    """Install where the reason a provider is missing comes from (discovery's provider records)."""
+    global _absence_reason
+    _absence_reason = source
+    registry.invalidate()
 
 
 def set_defaults_source(source: DefaultsSource | None) -> None:
@@ -274,7 +290,10 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None) -> ResolvedPriority:
         if impl is None:
             entries.append(
                 ResolvedEntry(
-                    entry, EntryStatus.NOT_INSTALLED, f"no {entry.provider!r} implementation of {op.name} is registered"
+                    entry,
+                    EntryStatus.NOT_INSTALLED,
+                    _absence_reason(entry.provider)
+                    or f"no {entry.provider!r} implementation of {op.name} is registered",
                 )
             )
         elif not impl.supported:
