@@ -873,3 +873,59 @@ def test_every_compiled_cpu_variant_gives_natives_bits_for_activations():
     assert digests, "no variant ran"
     if {"AVX512", "AVX512_BF16"} <= set(digests):
         assert digests["AVX512"] == digests["AVX512_BF16"]
+
+
+# Every bf16 / fp16 bit pattern through each looked-up activation (csrc/cpu/table16.h): as the
+# gate of a gated op (up = 1.5, then 1) and as the input of an elementwise op. Rows of 65536: the
+# whole row is the vector body.
+_EVERY_16_BIT_VALUE = """
+import sys, torch, vllm_ir, vllm_ir_provider_vllm_c
+every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+results = {}
+for dtype in (torch.bfloat16, torch.float16):
+    x = every.view(dtype).reshape(1, -1)
+    gated = torch.cat([x, torch.full_like(x, 1.5)], dim=-1)
+    for name, args in (("silu_and_mul", ()), ("mul_and_silu", ()), ("gelu_and_mul", ("none",)),
+                       ("gelu_and_mul", ("tanh",))):
+        inputs = gated if name != "mul_and_silu" else gated.flip(-1)
+        out = torch.empty_like(x)
+        getattr(torch.ops.vllm_ir_c, name)(out, inputs, *args)
+        results[f"{name}{args} {dtype}"] = out
+    for name in ("gelu_new", "gelu_fast", "quick_gelu"):
+        out = torch.empty_like(x)
+        getattr(torch.ops.vllm_ir_c, name)(out, x)
+        results[f"{name} {dtype}"] = out
+    q = torch.empty(1, 2**16 // 2, dtype=torch.float8_e4m3fn)
+    torch.ops.vllm_ir_c.silu_and_mul_static_fp8_quant(q, gated[:, ::2].contiguous(), torch.tensor([0.05]))
+    results[f"silu_and_mul_static_fp8_quant {dtype}"] = q.view(torch.uint8)
+torch.save(results, sys.argv[1])
+"""
+
+
+@needs_kernels
+def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_path):
+    """Differential: AVX512 kernels look activations of bf16/fp16 values up in tables built by the
+    vector code; VLLM_IR_C_TABLES=0 makes them compute every element. Same bits, every value."""
+    if provider.cpu_capability() not in ("AVX512", "AVX512_BF16"):
+        pytest.skip(f"{provider.cpu_capability()} kernels compute: no tables to compare")
+    paths = {}
+    for tables in ("1", "0"):
+        paths[tables] = tmp_path / f"tables{tables}.pt"
+        env = {**os.environ, "VLLM_IR_C_TABLES": tables}
+        done = subprocess.run(
+            [sys.executable, "-c", _EVERY_16_BIT_VALUE, str(paths[tables])],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    looked_up, computed = torch.load(paths["1"]), torch.load(paths["0"])
+    assert looked_up.keys() == computed.keys() and len(looked_up) == 16
+    for case, got in looked_up.items():
+        want = computed[case]
+        if got.is_floating_point():
+            # NaN's sign and payload follow the compiler's operand order (kit: any NaN is NaN).
+            both_nan = got.isnan() & want.isnan()
+            got, want = got.view(torch.int16)[~both_nan], want.view(torch.int16)[~both_nan]
+        assert torch.equal(got, want), case

@@ -30,6 +30,17 @@ inline float silu(float x) {
   return x / (1.0f + std::exp(-x));
 }
 
+// silu as a functor, vector and scalar forms (one type for every kernel: table16's table of it
+// is then one per process).
+struct Silu {
+  fVec operator()(const fVec& x) const {
+    return silu(x);
+  }
+  float operator()(float x) const {
+    return silu(x);
+  }
+};
+
 }  // namespace act_vec
 }  // namespace CPU_CAPABILITY
 }  // namespace vllm_ir_c

@@ -37,6 +37,7 @@
 #include "act_vec.h"
 #include "dispatch_stub.h"
 #include "float_vec.h"
+#include "table16.h"
 
 namespace vllm_ir_c {
 
@@ -121,14 +122,7 @@ struct ActTimesUp {
   }
 };
 
-struct SiluFn {
-  fVec operator()(const fVec& x) const {
-    return silu(x);
-  }
-  float operator()(float x) const {
-    return silu(x);
-  }
-};
+using SiluFn = act_vec::Silu;
 
 template <bool kTanh>
 struct GeluFn {
@@ -184,6 +178,19 @@ struct SwigluOai {
   }
 };
 
+// Gated ops whose activation, a function of the gate alone with no parameters and costly
+// math, is looked up for 16-bit gates (table16.h) instead of computed.
+template <typename Fn>
+struct TabulatedAct : std::false_type {};
+template <>
+struct TabulatedAct<ActTimesUp<SiluFn>> : std::true_type {
+  using Act = SiluFn;
+};
+template <bool kTanh>
+struct TabulatedAct<ActTimesUp<GeluFn<kTanh>>> : std::true_type {
+  using Act = GeluFn<kTanh>;
+};
+
 // ---------------------------------------------------------------------------------------
 // the gated row loop
 
@@ -222,6 +229,16 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
         const T* gate = row + (kLayout == Halves::kGateFirst ? 0 : d);
         const T* up = row + (kLayout == Halves::kGateFirst ? d : 0);
         int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+        if constexpr (TabulatedAct<Fn>::value && table16::kLooksUp<T>) {
+          const T* table = table16::tables_enabled() ? table16::table_of<T, typename TabulatedAct<Fn>::Act>() : nullptr;
+          for (; table != nullptr && i < body; i += kStep) {
+            auto [a0, a1] = table16::lookup_float(table, gate + i);  // act(gate) rounded to T
+            auto [u0, u1] = load_float(up + i);
+            store_float(o + i, a0 * u0, a1 * u1);
+          }
+        }
+#endif
         for (; i < body; i += kStep) {
           auto [y0, y1] = fn.template vec<T>(load_float(gate + i), load_float(up + i));
           store_float(o + i, y0, y1);
@@ -303,14 +320,32 @@ struct Relu2 {
   }
 };
 
+// Elementwise ops looked up for 16-bit inputs (table16.h); relu2 is cheaper computed.
+template <typename Fn>
+constexpr bool kTabulated = !std::is_same_v<Fn, Relu2>;
+
 template <typename T, typename Fn>
 void elementwise_flat(const ElementwiseArgs& a, const Fn& fn) {
   const T* input = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.out);
+  const T* table = nullptr;
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (kTabulated<Fn> && table16::kLooksUp<T>) {
+    table = table16::tables_enabled() ? table16::table_of<T, Fn>() : nullptr;
+  }
+#endif
   // Chunks of whole steps: only the last chunk has a partial one.
   const int64_t grain = (kMinElementsPerTask + kStep - 1) / kStep;
   at::parallel_for(0, (a.n + kStep - 1) / kStep, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin * kStep; i < std::min(end * kStep, a.n); i += kStep) {
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (table16::kLooksUp<T>) {
+        if (table != nullptr && C10_LIKELY(i + kStep <= a.n)) {
+          table16::lookup_store(table, input + i, out + i);
+          continue;
+        }
+      }
+#endif
       if (C10_LIKELY(i + kStep <= a.n)) {
         auto [x0, x1] = load_float(input + i);
         store_float(out + i, fn(x0), fn(x1));

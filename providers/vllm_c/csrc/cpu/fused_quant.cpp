@@ -33,6 +33,7 @@
 #include "float_vec.h"
 #include "fp8_vec.h"
 #include "norm_vec.h"
+#include "table16.h"
 
 namespace vllm_ir_c {
 
@@ -280,6 +281,13 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
   const int64_t body = d - d % act_vec::kAtenStep<T>;
   const float inv_scale = kGroup ? 0.0f : 1.0f / *a.scale;
   const float bound = fp8_bound(kFormat);
+  // silu of 16-bit gates looked up (table16.h), as the silu_and_mul kernel does.
+  [[maybe_unused]] const T* silu_table = nullptr;
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (table16::kLooksUp<T>) {
+    silu_table = table16::tables_enabled() ? table16::table_of<T, act_vec::Silu>() : nullptr;
+  }
+#endif
   // Static quant of bf16 keeps y in T (already rounded to it) for RowQuantizer's table.
   const bool staged = !kGroup && fp8_vec::RowQuantizer<kFormat, T>::by_table(d);
   at::parallel_for(0, a.rows, grain_size(2 * d), [&](int64_t begin, int64_t end) {
@@ -291,9 +299,17 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
       const T* up = gate + d;
       int64_t i = 0;
       for (; i < body; i += kStep) {
-        auto [g0, g1] = load_float(gate + i);
         auto [u0, u1] = load_float(up + i);
-        auto [s0, s1] = round_float<T>(act_vec::silu(g0), act_vec::silu(g1));
+        fVec s0, s1;
+#if defined(CPU_CAPABILITY_AVX512)
+        if (silu_table != nullptr) {
+          std::tie(s0, s1) = table16::lookup_float(silu_table, gate + i);  // silu(gate) rounded to T
+        } else
+#endif
+        {
+          auto [g0, g1] = load_float(gate + i);
+          std::tie(s0, s1) = round_float<T>(act_vec::silu(g0), act_vec::silu(g1));
+        }
         auto [y0, y1] = round_float<T>(s0 * u0, s1 * u1);
         if (staged) {
           store_rounded(stage.data() + i, y0, y1);

@@ -1,0 +1,104 @@
+// Tables of a function over every value of a 16-bit float type (bf16, fp16), for the
+// per-capability CPU kernels: an activation whose fp32 math costs tens of vector instructions
+// per element (exp, erf, a division) is, for 16-bit inputs, a pure function of 65536 values.
+// Its table is built once per process, by the same vector code the kernels run, so looking an
+// element up gives the bits computing it would (a 128 KiB table: the hot binades stay in L1).
+//
+// Lookups use AVX512 gathers (32-bit lanes reading each entry's 2 bytes plus the next two,
+// hence the padding); other capabilities compute.
+//
+// Included by csrc/cpu/*.cpp inside no namespace; every capability's compilation gets its own
+// copy of these inline functions (see dispatch_stub.h).
+#pragma once
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "float_vec.h"
+
+namespace vllm_ir_c {
+namespace CPU_CAPABILITY {
+namespace table16 {
+
+using float_vec::fVec;
+using float_vec::kStep;
+
+// False when VLLM_IR_C_TABLES=0: kernels compute every element (a diagnostic switch, read
+// once: differential tests and measurements compare the two paths).
+inline bool tables_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("VLLM_IR_C_TABLES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return enabled;
+}
+
+// Whether kernels for T may look values up here rather than compute them.
+template <typename T>
+constexpr bool kLooksUp =
+#if defined(CPU_CAPABILITY_AVX512)
+    std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+#else
+    false;
+#endif
+
+// table[v] = Fn{}(float(v)) rounded to T by store_float, for every bit pattern v of T: what
+// the vector path stores for v. Built on first use (thread-safe), kept for the process.
+template <typename T, typename Fn>
+const T* table_of() {
+  static const std::vector<T> table = [] {
+    std::vector<T> t(65536 + kStep);  // gathers read 2 bytes past an entry
+    const Fn fn{};
+    alignas(64) uint16_t bits[kStep];
+    for (int32_t base = 0; base < 65536; base += kStep) {
+      for (int32_t j = 0; j < kStep; ++j) {
+        bits[j] = static_cast<uint16_t>(base + j);
+      }
+      auto [x0, x1] = float_vec::load_float(reinterpret_cast<const T*>(bits));
+      float_vec::store_float(t.data() + base, fn(x0), fn(x1));
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// The entries for x[0:32], as 32-bit lanes whose low halves hold them (elements 0..15, 16..31).
+template <typename T>
+inline std::tuple<__m512i, __m512i> gather(const T* table, const T* x) {
+  const __m512i w = _mm512_loadu_si512(x);
+  const __m512i i0 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(w));
+  const __m512i i1 = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1));
+  return {_mm512_i32gather_epi32(i0, table, 2), _mm512_i32gather_epi32(i1, table, 2)};
+}
+
+// table[x[0:32]] widened to two fp32 vectors (one kStep, as load_float gives it).
+template <typename T>
+inline std::tuple<fVec, fVec> lookup_float(const T* table, const T* x) {
+  auto [e0, e1] = gather(table, x);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(e0, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(e1, 16))};
+  } else {
+    return {_mm512_cvtph_ps(_mm512_cvtepi32_epi16(e0)), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(e1))};
+  }
+}
+
+// out[0:32] = table[x[0:32]].
+template <typename T>
+inline void lookup_store(const T* table, const T* x, T* out) {
+  auto [e0, e1] = gather(table, x);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(e0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm512_cvtepi32_epi16(e1));
+}
+#endif
+
+}  // namespace table16
+}  // namespace CPU_CAPABILITY
+}  // namespace vllm_ir_c
