@@ -11,13 +11,16 @@ the one the newer path gives.
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 from torch._inductor.pattern_matcher import Match
 
 import vllm_ir
 from tests.compile_models import compile_with_passes, make_decoder
-from vllm_ir.passes import lowering
+from vllm_ir.passes import entry, lowering
 
 ops = vllm_ir.ops
 EPS = 1e-6
@@ -110,3 +113,21 @@ def test_lowering_finds_the_added_nodes_when_replace_with_graph_returns_none(mon
     out, code, clones, selected = _decoder_run(priority)
     torch.testing.assert_close(out, expected[0], rtol=0, atol=0)
     assert (code, clones, selected) == expected[1:]
+
+
+def test_a_pass_chain_pickles_as_its_uuid_and_is_not_deep_copied():
+    """torch 2.11 deep-copies and pickles ``pre_grad_custom_pass`` into its cache keys."""
+    options = vllm_ir.inductor_options()
+    chain = options[entry.PRE_GRAD]
+    assert copy.deepcopy(chain) is chain
+    uid = chain.uuid()
+    assert uid is not None and pickle.loads(pickle.dumps(chain)) == uid
+    chain(torch.fx.symbolic_trace(lambda x: x + 1).graph)  # running it (records, logs) changes nothing
+    assert pickle.loads(pickle.dumps(vllm_ir.inductor_options()[entry.PRE_GRAD])) == uid
+
+
+def test_a_pass_chain_without_a_uuid_refuses_to_pickle():
+    chain = entry.ChainedPass([lambda graph: None], "test chain")
+    assert chain.uuid() is None
+    with pytest.raises(pickle.PicklingError, match="no uuid"):
+        pickle.dumps(chain)
