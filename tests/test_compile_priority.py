@@ -152,7 +152,8 @@ def test_torch_compile_with_inductor_options_follows_the_priority_from_inductors
             vllm_ir.set_priority(rms_norm=["test_opaque"])
             assert _run(compiled, x) == A, attempt
         assert counters["aot_autograd"]["autograd_cache_hit"] == 2
-    assert vllm_ir.inductor_options()["pre_grad_pass_timing"] == "early"
+    if hasattr(torch._inductor.config, "pre_grad_pass_timing"):  # torch 2.11 has no such option (runs them early)
+        assert vllm_ir.inductor_options()["pre_grad_pass_timing"] == "early"
     with pytest.raises(ValueError, match="pre_grad_pass_timing"):
         vllm_ir.inductor_options(pre_grad_pass_timing="late")
 

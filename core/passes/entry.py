@@ -32,6 +32,7 @@ to the back-end's compiler: ``aot_eager`` runs it as is; a callable gets it as a
 from __future__ import annotations
 
 import functools
+import pickle
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -184,6 +185,23 @@ class ChainedPass(CustomInferenceAwareGraphPass):
             else:
                 p(graph)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ChainedPass:
+        return self  # one chain, its records and caches shared: a copy would report to nobody
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled, a chain is its cache identity: ``uuid()`` (an uncacheable chain refuses).
+
+        torch 2.11 leaves ``pre_grad_custom_pass`` in the config it hashes for its FX graph and
+        AOTAutograd caches (newer torch leaves it out, or hashes its ``uuid()``), and pickles
+        the pass object itself, records and logging state included: the key then changed on
+        every compile and those caches never hit. A chain without a uuid fails to pickle,
+        which torch turns into a cache bypass.
+        """
+        uid = self.uuid()
+        if uid is None:
+            raise pickle.PicklingError(f"{self.name}: a member has no uuid(), so the chain has no cache identity")
+        return (_chain_identity, (uid,))
+
     def uuid(self) -> str | None:
         ids = []
         for p in self.passes:
@@ -204,6 +222,11 @@ class ChainedPass(CustomInferenceAwareGraphPass):
                 ", ".join(f"{type(p).__name__}={i}" for p, i in zip(self.passes, ids, strict=True)),
             )
         return uid
+
+
+def _chain_identity(uid: str) -> str:
+    """What an unpickled `ChainedPass` becomes: its uuid (see `ChainedPass.__reduce__`)."""
+    return uid
 
 
 def _flatten(value: Any) -> list[Any]:

@@ -160,7 +160,7 @@ def _rewrite_out_variants(graph: fx.Graph) -> None:
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             continue
-        if not torch._library.utils.is_out(target):
+        if not is_out_overload(target):
             continue
         twin = _functional_twin(target)
         out_names = [a.name for a in target._schema.arguments if a.is_out]
@@ -178,6 +178,22 @@ def _rewrite_out_variants(graph: fx.Graph) -> None:
         graph.erase_node(node)
 
 
+_HAS_OUT_TAG = hasattr(torch.Tag, "out")
+
+
+def is_out_overload(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` is an ``out=`` overload (``mul.out``): it writes into ``out`` arguments.
+
+    Newer torch (2.13) tags these ``torch.Tag.out`` (``torch._library.utils.is_out``); torch
+    2.11 has neither the tag nor the helper (calling it failed every lowering there), and the
+    schema says the same: an ``out`` overload has keyword-only ``Tensor(a!)`` arguments whose
+    ``Argument.is_out`` is true. Under torch 2.13 both answers agree for every registered op.
+    """
+    if _HAS_OUT_TAG:
+        return torch.Tag.out in op.tags
+    return any(a.is_out for a in op._schema.arguments)
+
+
 def _functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The overload of the same op with the same inputs and no ``out`` (``mul.out`` -> ``mul.Tensor``)."""
     inputs = [(a.name, str(a.type)) for a in op._schema.arguments if not a.is_out]
@@ -190,6 +206,37 @@ def _functional_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
         if [(a.name, str(a.type)) for a in schema.arguments] == inputs:
             return candidate
     return None
+
+
+def replace_with_graph(match: Match, gm: fx.GraphModule, args: list[Any]) -> list[fx.Node]:
+    """``match.replace_with_graph(gm, args)`` for a one-node match, returning the nodes it added.
+
+    Newer torch (2.13) returns the added nodes, dead ones already erased. torch 2.11 returns
+    ``None`` (which failed the lowering of every in-place implementation and every cache hit):
+    there the added nodes are found in the graph -- the pattern matcher inserts them, in order,
+    right before the matched node, which it then erases with its ``getitem`` users -- and the
+    dead ones are erased as newer torch does.
+    """
+    (node,) = match.nodes
+    graph = node.graph
+    before = node.prev
+    stop = node.next
+    while stop.op != "root" and stop.target is operator.getitem and stop.args[0] is node:
+        stop = stop.next  # the matcher may erase these; the first node after them stays
+    added = match.replace_with_graph(gm, args)
+    if added is not None:
+        return list(added)
+    added = []
+    current = before.next
+    while current is not stop:
+        if current.op == "root":
+            raise AssertionError(f"lost the nodes replacing {node.name!r} in the graph")
+        added.append(current)
+        current = current.next
+    for n in reversed(added):
+        if not n.users and not n.is_impure() and not isinstance(n.target, torch._ops.HigherOrderOperator):
+            graph.erase_node(n)
+    return [n for n in added if not n._erased]
 
 
 def cloning(fn: Callable[..., Any], indices: tuple[int, ...]) -> Callable[..., Any]:
@@ -333,7 +380,7 @@ class LoweringPass(CustomGraphPass):
                 skipped,
             )
         name, donated = node.name, donated_params(node)
-        added = match.replace_with_graph(gm, list(args))
+        added = replace_with_graph(match, gm, list(args))
         if cached:
             state.traces.hits += 1
             refresh_values(added, torch._guards.detect_fake_mode(fakes))
