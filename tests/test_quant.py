@@ -64,7 +64,8 @@ def test_bf16_table_path_matches_torch_for_every_bf16_value(fp8_dtype, shuffled)
     """bf16 rows of >= 512 go through a lookup table on AVX512 CPUs (bytes with VBMI, 16-bit
     words for the last 32 of a 1056-wide row): the fast path is differential-tested against
     torch's own cast over every bf16 value and scales at and beyond the table's limits, static
-    per-tensor and per-token scales, and dynamic per-token and per-tensor quant."""
+    per-tensor and per-token scales, dynamic per-token and per-tensor quant, and group quant
+    (a table per group of 64 or 128, with NaN and inf in some groups)."""
     c = _vllm_c()
     bound = BOUND[fp8_dtype]
     for hidden in (1056, 4096):
@@ -89,6 +90,15 @@ def test_bf16_table_path_matches_torch_for_every_bf16_value(fp8_dtype, shuffled)
             expected_q, expected_s = vllm_ir.ops.dynamic_quant_fp8.fn(y, per_token_scales, fp8_dtype)
             assert torch.equal(scales, expected_s)
             assert torch.equal(q.view(torch.uint8), expected_q.view(torch.uint8))
+        for group_size in (64, 128):  # a table per group
+            for ue8m0 in (False, True):
+                args = (x, group_size, False, ue8m0, fp8_dtype)
+                with vllm_ir.priority(dynamic_group_quant_fp8=["vllm_c"]):
+                    q, scales = vllm_ir.ops.dynamic_group_quant_fp8(*args)
+                expected_q, expected_s = vllm_ir.ops.dynamic_group_quant_fp8.fn(*args)
+                torch.testing.assert_close(scales, expected_s, rtol=0, atol=0, equal_nan=True)
+                nan = q.float().isnan() & expected_q.float().isnan()  # NaN groups: any NaN code
+                assert ((q.view(torch.uint8) == expected_q.view(torch.uint8)) | nan).all(), (group_size, ue8m0)
 
 
 def test_fnuz_clamps_to_224_and_e4m3fn_to_448():

@@ -98,9 +98,12 @@ def openmp_flags() -> list[str]:
 
 
 def build_cuda() -> bool:
+    """CUDA kernels with a CUDA torch and an nvcc to compile them (torch guesses CUDA_HOME even
+    where the toolkit is absent, e.g. a CUDA wheel on a CPU-only machine: check the compiler)."""
     if torch is None or os.environ.get("VLLM_IR_C_CUDA", "1") == "0":
         return False
-    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    home = cpp_extension.CUDA_HOME
+    return torch.version.cuda is not None and home is not None and os.path.exists(os.path.join(home, "bin", "nvcc"))
 
 
 def extensions() -> list[Extension]:

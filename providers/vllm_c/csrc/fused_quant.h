@@ -29,16 +29,6 @@ struct GroupScales {
   int64_t group_stride = 0;
 };
 
-// The scale of a group whose absmax is `absmax` (quant.h's group quant, NaN kept).
-C10_HOST_DEVICE inline float group_scale(float absmax, bool use_ue8m0, Fp8Format f) {
-  float s = absmax / fp8_bound(f);
-  if (use_ue8m0) {
-    s = pow2_ceil(s);
-  }
-  const float floor = fp8_min_scale(f);
-  return s != s ? s : (s < floor ? floor : s);
-}
-
 // For every row r: s = input[r] (+ residual[r], in fp32); residual_out[r] = s rounded to
 // `dtype` (with a residual); y = rms_norm(s) * weight; then either q = quantize(y / *scale)
 // (static: `scale` set), scales[r] = dynamic_scale(absmax(y), scale_ub), q = quantize(y / scales[r])

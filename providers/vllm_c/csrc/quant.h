@@ -107,6 +107,17 @@ C10_HOST_DEVICE inline float pow2_ceil(float s) {
   return bits_float((((bits >> 23) + ((bits & 0x7FFFFFu) != 0u)) << 23));
 }
 
+// The scale of a group whose absmax is `absmax`: absmax / bound, UE8M0 rounded up to a power
+// of two if asked, at least the floor 1 / (bound * 512); NaN kept.
+C10_HOST_DEVICE inline float group_scale(float absmax, bool use_ue8m0, Fp8Format f) {
+  float s = absmax / fp8_bound(f);
+  if (use_ue8m0) {
+    s = pow2_ceil(s);
+  }
+  const float floor = fp8_min_scale(f);
+  return s != s ? s : (s < floor ? floor : s);
+}
+
 // out[r, c] = quantize(x[r, c] * (1 / scale[r / row_group, c / col_group])) for r < rows:
 // per-tensor (row_group = rows, col_group = hidden), per-token (1, hidden), per-channel
 // (rows, 1) and 2-D group scales alike.

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "../quant.h"
+#include "table16.h"
 
 namespace vllm_ir_c {
 namespace CPU_CAPABILITY {
@@ -203,7 +204,7 @@ inline bool cpu_has_avx512_vbmi() {
 // For x = 1.m * 2^(E-127) (7 mantissa bits), fl(x * inv) = 2^(E-E0) * fl(1.m * 2^(E0-127) * inv)
 // while both products are normal floats, and an fp8 code in the normal range moves by 8 per
 // binade: code(x) = code(1.m * 2^(E0-127) * inv) + 8 * (E - E0). So the codes of the 128
-// mantissas at one reference binade E0 (encoded by encode_bytes: the float path's own answer)
+// mantissas at one reference binade E0 (where fp8 rounding is plain round-to-nearest-even)
 // give every lane's code by table lookups and adds. What the shift cannot give is recognised
 // per lane: above the bound the code saturates (min with the bound's code 0x7E); far below the
 // smallest subnormal it is zero; the band where fp8 subnormals live (codes -24..7 by the
@@ -216,21 +217,26 @@ class Bf16Fp8Table {
  public:
   // The tables for inv; false (use quantize_row) when inv is not in [2^-60, 2^60]: the shift
   // argument needs the reference products normal and zero/subnormal inputs far below fp8's range.
-  bool build(float inv, float bound) {
+  bool build(float inv) {
     const int32_t inv_exp = static_cast<int32_t>(float_bits(inv) >> 23) - 127;  // the sign bit makes it large
     if (!(inv > 0.0f) || inv_exp < -60 || inv_exp > 60) {
       return false;
     }
-    // 1.m * 2^(E0-127) * inv lies in [8, 32): normal, below both bounds.
+    // 1.m * 2^(E0-127) * inv lies in [8, 32): normal and below both bounds, where the fp8 code
+    // is the float's bits rounded to nearest even at 3 mantissa bits, rebiased (encode_bytes
+    // does the same there; the tests compare every bf16 value with torch's cast).
     const int32_t e0 = 127 + 3 - inv_exp;
+    constexpr int32_t kRebias = (127 - (kFormat == Fp8Format::E4M3FNUZ ? 8 : 7)) << 3;
     alignas(64) uint8_t codes[128];
     const __m512 vinv = _mm512_set1_ps(inv);
-    const __m512 vbound = _mm512_set1_ps(bound);
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int32_t m = 0; m < 128; m += 16) {
-      const __m512i bits = _mm512_or_si512(_mm512_set1_epi32((e0 << 23) | (m << 16)), _mm512_slli_epi32(lane, 16));
-      const __m512 ref = _mm512_mul_ps(_mm512_castsi512_ps(bits), vinv);
-      _mm_store_si128(reinterpret_cast<__m128i*>(codes + m), encode_bytes<kFormat>(ref, vbound));
+      const __m512i x = _mm512_or_si512(_mm512_set1_epi32((e0 << 23) | (m << 16)), _mm512_slli_epi32(lane, 16));
+      const __m512i bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x), vinv));
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 20), _mm512_set1_epi32(1));
+      const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFFF)));
+      const __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(kRebias));
+      _mm_store_si128(reinterpret_cast<__m128i*>(codes + m), _mm512_cvtepi32_epi8(code));
     }
     // Words: code = word_table[m] + 8 * E.
     for (int32_t k = 0; k < 4; ++k) {
@@ -245,20 +251,22 @@ class Bf16Fp8Table {
     for (int32_t k = 0; k < 2; ++k) {
       byte_table_[k] = _mm512_sub_epi8(_mm512_load_si512(codes + 64 * k), base);
     }
-    const int32_t offset = static_cast<int32_t>(codes[0]) - 8 * e0;  // binade_table[h] = offset + 16h
-    for (int32_t k = 0; k < 2; ++k) {
-      __m128i parts[4];
-      for (int32_t q = 0; q < 4; ++q) {
-        const __m512i h = _mm512_add_epi32(lane, _mm512_set1_epi32(64 * k + 16 * q));
-        const __m512i v = _mm512_add_epi32(_mm512_slli_epi32(h, 4), _mm512_set1_epi32(offset));
-        const __m512i marked = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(h, _mm512_set1_epi32(127)),
-                                                     _mm512_set1_epi32(-24));
-        parts[q] = _mm512_cvtsepi32_epi8(marked);  // saturating: the clip to int8
+    // binade_table[h] = offset + 16h, in 16-bit lanes (|offset| < 2^11), narrowed with saturation.
+    const __m512i offset = _mm512_set1_epi16(static_cast<int16_t>(static_cast<int32_t>(codes[0]) - 8 * e0));
+    const __m512i sixteen_h = _mm512_slli_epi16(
+        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
+                         6, 5, 4, 3, 2, 1, 0),
+        4);
+    __m256i quarter[4];
+    for (int32_t q = 0; q < 4; ++q) {
+      __m512i v = _mm512_add_epi16(_mm512_add_epi16(sixteen_h, _mm512_set1_epi16(static_cast<int16_t>(512 * q))), offset);
+      if (q == 3) {
+        v = _mm512_mask_mov_epi16(v, __mmask32{1u} << 31, _mm512_set1_epi16(-24));  // h = 127
       }
-      const __m256i lo = _mm256_set_m128i(parts[1], parts[0]);
-      const __m256i hi = _mm256_set_m128i(parts[3], parts[2]);
-      byte_table_[2 + k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      quarter[q] = _mm512_cvtsepi16_epi8(v);
     }
+    byte_table_[2] = _mm512_inserti64x4(_mm512_castsi256_si512(quarter[0]), quarter[1], 1);
+    byte_table_[3] = _mm512_inserti64x4(_mm512_castsi256_si512(quarter[2]), quarter[3], 1);
     inv_ = inv;
     return true;
   }
@@ -381,18 +389,19 @@ class Bf16Fp8Table {
 };
 #endif
 
-// quantize_row for rows whose scale is one number per row: bf16 rows of at least kMinRow
-// elements go through a Bf16Fp8Table (rebuilt when inv changes) where AVX512 is compiled, the
-// rest through quantize_row. The same bytes either way.
+// quantize_row for runs of values sharing one scale (a row, a group): bf16 runs of at least
+// kMinRow go through a Bf16Fp8Table (rebuilt when inv changes) where AVX512 is compiled and
+// VLLM_IR_C_TABLES is not 0, the rest through quantize_row. The same bytes either way.
 template <Fp8Format kFormat, typename T>
 class RowQuantizer {
  public:
-  static constexpr int64_t kMinRow = 512;  // below this a table costs more than it saves
+  // Below this a table (about 60 vector instructions to build) costs more than it saves.
+  static constexpr int64_t kMinRow = 64;
 
   // Whether rows of n elements may go through the table (if inv allows it).
-  static constexpr bool by_table(int64_t n) {
+  static bool by_table(int64_t n) {
 #if defined(CPU_CAPABILITY_AVX512)
-    return std::is_same_v<T, c10::BFloat16> && n >= kMinRow;
+    return std::is_same_v<T, c10::BFloat16> && n >= kMinRow && table16::tables_enabled();
 #else
     return false;
 #endif
@@ -403,7 +412,7 @@ class RowQuantizer {
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       if (by_table(n)) {
         if (!(inv == built_for_)) {  // NaN never matches: build() declines it again
-          usable_ = table_.build(inv, bound);
+          usable_ = table_.build(inv);
           built_for_ = inv;
         }
         if (usable_) {

@@ -7,7 +7,9 @@
 //
 // Dynamic per-token and group quant widen each row once into a per-thread fp32 buffer while
 // taking the absmax (per row or per group), then quantize from that buffer, which is in L1/L2:
-// x is read from memory once. Rows longer than kRowBuffer elements are re-read instead.
+// x is read from memory once. Rows longer than kRowBuffer elements are re-read instead. bf16
+// rows (or groups) of >= 64 on AVX512 take the absmax from the bits and go through
+// fp8_vec.h's tables, re-reading x from L1.
 // Per-tensor dynamic quant needs the whole tensor's absmax first: one reduction pass, then the
 // static kernel.
 
@@ -123,34 +125,32 @@ template <Fp8Format kFormat, typename T>
 void group_quant_rows(const GroupQuantArgs& a) {
   const T* input = static_cast<const T*>(a.input);
   const float bound = fp8_bound(kFormat);
-  const float floor = fp8_min_scale(kFormat);
   const int64_t hidden = a.hidden;
   const int64_t g = a.group_size;
   const int64_t groups = (hidden + g - 1) / g;
-  const bool buffered = hidden <= kRowBuffer;
+  // Groups that RowQuantizer takes through a table (one per group) are read twice (absmax from
+  // the bits, then the table), the second time from L1; the others are widened once.
+  const bool buffered = hidden <= kRowBuffer && !RowQuantizer<kFormat, T>::by_table(g);
   at::parallel_for(0, a.rows, grain_size(hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> row(buffered ? hidden : 0);
     std::vector<float> absmax(groups);
+    RowQuantizer<kFormat, T> quantize_by;
     for (int64_t r = begin; r < end; ++r) {
       const T* x = input + a.input_rows.offset(r);
       uint8_t* out = a.out + r * hidden;
       float* scales = a.scales + a.scale_rows.offset(r);
-      // One read of x: each group widened into the row buffer (L1) while taking its absmax.
       for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
-        absmax[k] = widen_absmax<T>(x + c, buffered ? row.data() + c : nullptr, std::min(g, hidden - c));
+        const int64_t len = std::min(g, hidden - c);
+        absmax[k] = buffered ? widen_absmax<T>(x + c, row.data() + c, len) : row_absmax<T>(x + c, len);
       }
       for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
-        float s = absmax[k] / bound;
-        if (a.use_ue8m0) {
-          s = pow2_ceil(s);
-        }
-        s = s != s ? s : std::max(s, floor);
+        const float s = group_scale(absmax[k], a.use_ue8m0, kFormat);
         scales[k * a.scale_group_stride] = s;
         const int64_t len = std::min(g, hidden - c);
         if (buffered) {
           quantize_row<kFormat, float>(row.data() + c, out + c, len, 1.0f / s, nullptr, bound);
         } else {
-          quantize_row<kFormat, T>(x + c, out + c, len, 1.0f / s, nullptr, bound);
+          quantize_by(x + c, out + c, len, 1.0f / s, bound);
         }
       }
     }

@@ -30,8 +30,9 @@ namespace table16 {
 using float_vec::fVec;
 using float_vec::kStep;
 
-// False when VLLM_IR_C_TABLES=0: kernels compute every element (a diagnostic switch, read
-// once: differential tests and measurements compare the two paths).
+// False when VLLM_IR_C_TABLES=0: kernels compute every element, here and in fp8_vec.h's FP8
+// encoding tables (a diagnostic switch, read once: differential tests and measurements compare
+// the two paths).
 inline bool tables_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("VLLM_IR_C_TABLES");
