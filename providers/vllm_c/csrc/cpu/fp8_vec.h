@@ -227,32 +227,39 @@ class Bf16Fp8Table {
     // does the same there; the tests compare every bf16 value with torch's cast).
     const int32_t e0 = 127 + 3 - inv_exp;
     constexpr int32_t kRebias = (127 - (kFormat == Fp8Format::E4M3FNUZ ? 8 : 7)) << 3;
-    alignas(64) uint8_t codes[128];
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    for (int32_t m = 0; m < 128; m += 16) {
-      const __m512i x = _mm512_or_si512(_mm512_set1_epi32((e0 << 23) | (m << 16)), _mm512_slli_epi32(lane, 16));
+    __m128i part[8];  // the codes of mantissas 16k..16k+15, kept in registers
+    for (int32_t k = 0; k < 8; ++k) {
+      const __m512i x = _mm512_or_si512(_mm512_set1_epi32((e0 << 23) | (k << 20)), _mm512_slli_epi32(lane, 16));
       const __m512i bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x), vinv));
       const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 20), _mm512_set1_epi32(1));
       const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFFF)));
-      const __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(kRebias));
-      _mm_store_si128(reinterpret_cast<__m128i*>(codes + m), _mm512_cvtepi32_epi8(code));
+      part[k] = _mm512_cvtepi32_epi8(_mm512_sub_epi32(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(kRebias)));
     }
+    const auto join = [&](int32_t k) {  // mantissas 64j..64j+63 for k = 4j
+      return _mm512_inserti32x4(
+          _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(part[k]), part[k + 1], 1), part[k + 2], 2),
+          part[k + 3], 3);
+    };
+    const __m512i codes_lo = join(0);
+    const __m512i codes_hi = join(4);
+    const int32_t code0 = _mm_cvtsi128_si32(part[0]) & 0xFF;  // m = 0, the smallest code
     // Words: code = word_table[m] + 8 * E.
-    for (int32_t k = 0; k < 4; ++k) {
-      const __m512i c16 = _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 32 * k)));
-      word_table_[k] = _mm512_sub_epi16(c16, _mm512_set1_epi16(static_cast<int16_t>(8 * e0)));
-    }
+    const __m512i eight_e0 = _mm512_set1_epi16(static_cast<int16_t>(8 * e0));
+    word_table_[0] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(codes_lo)), eight_e0);
+    word_table_[1] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(codes_lo, 1)), eight_e0);
+    word_table_[2] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(codes_hi)), eight_e0);
+    word_table_[3] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(codes_hi, 1)), eight_e0);
     // Bytes, with E = 2h + b (h: the high byte's low 7 bits, b: the low byte's top bit):
     // code = mantissa_table[m] + 8b + binade_table[h], saturating. mantissa_table is 0..16 (+8b:
     // 0..24); binade_table entries beyond int8 clip safely (the sum stays <= -25 or >= 126), and
     // h = 127 (E = 254, 255: inf, NaN) is sent to the float path by landing in the band.
-    const __m512i base = _mm512_set1_epi8(static_cast<char>(codes[0]));
-    for (int32_t k = 0; k < 2; ++k) {
-      byte_table_[k] = _mm512_sub_epi8(_mm512_load_si512(codes + 64 * k), base);
-    }
+    const __m512i base = _mm512_set1_epi8(static_cast<char>(code0));
+    byte_table_[0] = _mm512_sub_epi8(codes_lo, base);
+    byte_table_[1] = _mm512_sub_epi8(codes_hi, base);
     // binade_table[h] = offset + 16h, in 16-bit lanes (|offset| < 2^11), narrowed with saturation.
-    const __m512i offset = _mm512_set1_epi16(static_cast<int16_t>(static_cast<int32_t>(codes[0]) - 8 * e0));
+    const __m512i offset = _mm512_set1_epi16(static_cast<int16_t>(code0 - 8 * e0));
     const __m512i sixteen_h = _mm512_slli_epi16(
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
                          6, 5, 4, 3, 2, 1, 0),
