@@ -162,6 +162,19 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     if constexpr (kResidual) {
       store_float(res_out + d, s0, s1);
     }
+    if constexpr (kQuant != QuantKind::kGroup && kKind != WeightKind::kFp32) {
+      // Staged: the store rounds y to T, no widening back to fp32 in between (a dynamic
+      // scale's absmax is taken from the staged row afterwards).
+      if (stage != nullptr) {
+        if constexpr (kKind == WeightKind::kSame) {
+          auto [n0, n1] = round_float<T>(s0 * vinv_rms, s1 * vinv_rms);
+          store_float(stage + d, n0 * fVec::loadu(w + d), n1 * fVec::loadu(w + d + fVec::size()));
+        } else {
+          store_float(stage + d, s0 * vinv_rms, s1 * vinv_rms);
+        }
+        continue;
+      }
+    }
     auto [n0, n1] = round_float<T>(s0 * vinv_rms, s1 * vinv_rms);
     auto [y0, y1] = apply_weight<T, kKind>(n0, n1, w + d);
     if (stage != nullptr) {
@@ -198,7 +211,8 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     for (int64_t j = 0; j < iVec::size(); ++j) {
       tail_bits = std::max(tail_bits, lanes[j]);
     }
-    const float scale = dynamic_scale(fp8_vec::float_of_bits(tail_bits), a.scale_ub, kFormat);
+    const float absmax = stage != nullptr ? fp8_vec::row_absmax<T>(stage, n) : fp8_vec::float_of_bits(tail_bits);
+    const float scale = dynamic_scale(absmax, a.scale_ub, kFormat);
     a.scales[r] = scale;
     if (stage != nullptr) {
       quantize_by(stage, out, n, 1.0f / scale, bound);
