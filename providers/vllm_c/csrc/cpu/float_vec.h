@@ -94,22 +94,6 @@ inline void store_float(T* p, const fVec& a, const fVec& b) {
   }
 }
 
-// store_float for values already rounded to T (round_float's results): for bf16 on AVX512 the
-// high halves of the floats, one word permute instead of a rounding conversion.
-template <typename T>
-inline void store_rounded(T* p, const fVec& a, const fVec& b) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const __m512i odd_words = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
-                                               27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    const __m512i high = _mm512_permutex2var_epi16(_mm512_castps_si512(a), odd_words, _mm512_castps_si512(b));
-    _mm512_storeu_si512(p, high);
-    return;
-  }
-#endif
-  store_float(p, a, b);
-}
-
 // The first `count` (< kStep) lanes.
 template <typename T>
 inline void store_float(T* p, const fVec& a, const fVec& b, int64_t count) {

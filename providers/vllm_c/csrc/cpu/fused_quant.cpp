@@ -49,7 +49,6 @@ using float_vec::kStep;
 using float_vec::load_float;
 using float_vec::round_float;
 using float_vec::store_float;
-using float_vec::store_rounded;
 
 // Fewer elements than this per task are not worth a parallel region (as the norm kernels).
 constexpr int64_t kMinElementsPerTask = 16384;
@@ -177,12 +176,8 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     }
     auto [n0, n1] = round_float<T>(s0 * vinv_rms, s1 * vinv_rms);
     auto [y0, y1] = apply_weight<T, kKind>(n0, n1, w + d);
-    if (stage != nullptr) {
-      store_rounded(stage + d, y0, y1);
-    } else {
-      y0.store(buf + d);
-      y1.store(buf + d + fVec::size());
-    }
+    y0.store(buf + d);
+    y1.store(buf + d + fVec::size());
     if constexpr (kDynamic) {
       absmax_bits =
           at::vec::maximum(absmax_bits, at::vec::maximum(fp8_vec::magnitude_bits(y0), fp8_vec::magnitude_bits(y1)));
@@ -324,10 +319,10 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
           auto [g0, g1] = load_float(gate + i);
           std::tie(s0, s1) = round_float<T>(act_vec::silu(g0), act_vec::silu(g1));
         }
-        auto [y0, y1] = round_float<T>(s0 * u0, s1 * u1);
         if (staged) {
-          store_rounded(stage.data() + i, y0, y1);
+          store_float(stage.data() + i, s0 * u0, s1 * u1);  // the store rounds to T
         } else {
+          auto [y0, y1] = round_float<T>(s0 * u0, s1 * u1);
           y0.store(buf.data() + i);
           y1.store(buf.data() + i + fVec::size());
         }

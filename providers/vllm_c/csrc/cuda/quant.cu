@@ -104,7 +104,6 @@ __global__ void group_quant_kernel(GroupQuantArgs a) {
   const int warps = blockDim.x / kWarp;
   const int64_t groups = (a.hidden + a.group_size - 1) / a.group_size;
   const float bound = fp8_bound(kFormat);
-  const float floor = fp8_min_scale(kFormat);
   for (int64_t k = threadIdx.x / kWarp; k < groups; k += warps) {
     const int64_t begin = k * a.group_size;
     const int64_t end = min(begin + a.group_size, a.hidden);
@@ -112,11 +111,7 @@ __global__ void group_quant_kernel(GroupQuantArgs a) {
     for (int64_t c = begin + lane; c < end; c += kWarp) {
       m = nan_max(m, fabsf(load_float(x, c)));
     }
-    float s = warp_max(m) / bound;
-    if (a.use_ue8m0) {
-      s = pow2_ceil(s);
-    }
-    s = s != s ? s : fmaxf(s, floor);
+    const float s = group_scale(warp_max(m), a.use_ue8m0, kFormat);
     if (lane == 0) {
       scales[k * a.scale_group_stride] = s;
     }
