@@ -101,6 +101,34 @@ def test_bf16_table_path_matches_torch_for_every_bf16_value(fp8_dtype, shuffled)
                 assert ((q.view(torch.uint8) == expected_q.view(torch.uint8)) | nan).all(), (group_size, ue8m0)
 
 
+@needs_vllm_c
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_table_caches_give_the_same_bytes_when_scales_collide_and_repeat(fp8_dtype):
+    """The table path keeps each thread's tables by the scale reciprocal's mantissa (1024 slots)
+    and by binade offset (128 slots): thousands of distinct per-token scales over many binades
+    collide in both, a repeated pass reuses them, and groups whose absmaxes differ row to row
+    reuse them across rows; every byte must still be torch's."""
+    c = _vllm_c()
+    bound = BOUND[fp8_dtype]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 64, generator=g).bfloat16()
+    scales = torch.exp2(torch.empty(4096, 1).uniform_(-50, 50, generator=g)) * torch.rand(4096, 1, generator=g).add(1)
+    expected = (x.float() * (1.0 / scales)).clamp(-bound, bound).to(fp8_dtype)
+    for _ in range(2):
+        out = torch.empty(x.shape, dtype=fp8_dtype)
+        c.static_quant_fp8(out, x, scales)
+        assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+    magnitudes = torch.exp2(torch.randint(-30, 30, (64, 32), generator=g).float()).repeat_interleave(128, dim=1)
+    y = (torch.randn(64, 4096, generator=g) * magnitudes).bfloat16()
+    for use_ue8m0 in (False, True):
+        args = (y, 128, False, use_ue8m0, fp8_dtype)
+        with vllm_ir.priority(dynamic_group_quant_fp8=["vllm_c"]):
+            q, s = vllm_ir.ops.dynamic_group_quant_fp8(*args)
+        expected_q, expected_s = vllm_ir.ops.dynamic_group_quant_fp8.fn(*args)
+        assert torch.equal(s, expected_s)
+        assert torch.equal(q.view(torch.uint8), expected_q.view(torch.uint8)), use_ue8m0
+
+
 def test_fnuz_clamps_to_224_and_e4m3fn_to_448():
     x = torch.tensor([[1000.0, -1000.0, 230.0]])
     q = vllm_ir.ops.static_quant_fp8(x, torch.ones(1), torch.float8_e4m3fnuz)

@@ -11,9 +11,11 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <climits>
 #include <array>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "../quant.h"
 #include "table16.h"
@@ -218,72 +220,66 @@ class Bf16Fp8Table {
   // The tables for inv; false (use quantize_row) when inv is not in [2^-60, 2^60]: the shift
   // argument needs the reference products normal and zero/subnormal inputs far below fp8's range.
   bool build(float inv) {
-    const int32_t inv_exp = static_cast<int32_t>(float_bits(inv) >> 23) - 127;  // the sign bit makes it large
-    if (!(inv > 0.0f) || inv_exp < -60 || inv_exp > 60) {
+    Tables t;
+    if (!tables_for(inv, thread_caches(), t)) {
       return false;
     }
-    // 1.m * 2^(E0-127) * inv lies in [8, 32): normal and below both bounds, where the fp8 code
-    // is the float's bits rounded to nearest even at 3 mantissa bits, rebiased (encode_bytes
-    // does the same there; the tests compare every bf16 value with torch's cast).
-    const int32_t e0 = 127 + 3 - inv_exp;
-    constexpr int32_t kRebias = (127 - (kFormat == Fp8Format::E4M3FNUZ ? 8 : 7)) << 3;
-    const __m512 vinv = _mm512_set1_ps(inv);
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    __m128i part[8];  // the codes of mantissas 16k..16k+15, kept in registers
-    for (int32_t k = 0; k < 8; ++k) {
-      const __m512i x = _mm512_or_si512(_mm512_set1_epi32((e0 << 23) | (k << 20)), _mm512_slli_epi32(lane, 16));
-      const __m512i bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x), vinv));
-      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 20), _mm512_set1_epi32(1));
-      const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFFF)));
-      part[k] = _mm512_cvtepi32_epi8(_mm512_sub_epi32(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(kRebias)));
-    }
-    const auto join = [&](int32_t k) {  // mantissas 64j..64j+63 for k = 4j
-      return _mm512_inserti32x4(
-          _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(part[k]), part[k + 1], 1), part[k + 2], 2),
-          part[k + 3], 3);
-    };
-    const __m512i codes_lo = join(0);
-    const __m512i codes_hi = join(4);
-    const int32_t code0 = _mm_cvtsi128_si32(part[0]) & 0xFF;  // m = 0, the smallest code
-    // Words: code = word_table[m] + 8 * E.
-    const __m512i eight_e0 = _mm512_set1_epi16(static_cast<int16_t>(8 * e0));
-    word_table_[0] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(codes_lo)), eight_e0);
-    word_table_[1] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(codes_lo, 1)), eight_e0);
-    word_table_[2] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(codes_hi)), eight_e0);
-    word_table_[3] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(codes_hi, 1)), eight_e0);
-    // Bytes, with E = 2h + b (h: the high byte's low 7 bits, b: the low byte's top bit):
-    // code = mantissa_table[m] + 8b + binade_table[h], saturating. mantissa_table is 0..16 (+8b:
-    // 0..24); binade_table entries beyond int8 clip safely (the sum stays <= -25 or >= 126), and
-    // h = 127 (E = 254, 255: inf, NaN) is sent to the float path by landing in the band.
-    const __m512i base = _mm512_set1_epi8(static_cast<char>(code0));
-    byte_table_[0] = _mm512_sub_epi8(codes_lo, base);
-    byte_table_[1] = _mm512_sub_epi8(codes_hi, base);
-    // binade_table[h] = offset + 16h, in 16-bit lanes (|offset| < 2^11), narrowed with saturation.
-    const __m512i offset = _mm512_set1_epi16(static_cast<int16_t>(code0 - 8 * e0));
-    const __m512i sixteen_h = _mm512_slli_epi16(
-        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
-                         6, 5, 4, 3, 2, 1, 0),
-        4);
-    __m256i quarter[4];
-    for (int32_t q = 0; q < 4; ++q) {
-      __m512i v = _mm512_add_epi16(_mm512_add_epi16(sixteen_h, _mm512_set1_epi16(static_cast<int16_t>(512 * q))), offset);
-      if (q == 3) {
-        v = _mm512_mask_mov_epi16(v, __mmask32{1u} << 31, _mm512_set1_epi16(-24));  // h = 127
-      }
-      quarter[q] = _mm512_cvtsepi16_epi8(v);
-    }
-    byte_table_[2] = _mm512_inserti64x4(_mm512_castsi256_si512(quarter[0]), quarter[1], 1);
-    byte_table_[3] = _mm512_inserti64x4(_mm512_castsi256_si512(quarter[2]), quarter[3], 1);
+    byte_table_[0] = t.mantissa[0];
+    byte_table_[1] = t.mantissa[1];
+    byte_table_[2] = t.binade[0];
+    byte_table_[3] = t.binade[1];
+    words_from_ = t.words_from;
+    words_built_ = false;  // quantize_words builds them when a row needs them
     inv_ = inv;
     return true;
   }
 
   // out[0:n] = the fp8 codes of fl(float(src[i]) * inv), as quantize_row<kFormat> writes them.
-  void quantize(const c10::BFloat16* src, uint8_t* out, int64_t n, float bound) const {
+  void quantize(const c10::BFloat16* src, uint8_t* out, int64_t n, float bound) {
     int64_t i = cpu_has_avx512_vbmi() ? quantize_bytes(src, out, n, bound) : 0;
-    i += quantize_words(src + i, out + i, n - i, bound);
+    if (n - i >= 32) {
+      if (!words_built_) {
+        build_words();
+      }
+      i += quantize_words(src + i, out + i, n - i, bound);
+    }
     if (i < n) {
       quantize_row<kFormat, c10::BFloat16>(src + i, out + i, n - i, inv_, nullptr, bound);
+    }
+  }
+
+  // One row of dynamic_group_quant_fp8 where the CPU has AVX512-VBMI: for group k (g elements,
+  // the last maybe fewer), scales[k * scale_stride] = group_scale(absmax[k]) and the group's
+  // codes by 1 / that scale, through tables from the thread's caches (two lookups per group).
+  // The scales come first, so that no group waits on its two divisions (absmax is overwritten
+  // with the reciprocals); one function, so that the steps' constants stay in registers.
+  __attribute__((target("avx512vbmi"))) static void quantize_groups(const c10::BFloat16* src, uint8_t* out,
+                                                                    int64_t n, int64_t g, float* absmax,
+                                                                    float* scales, int64_t scale_stride,
+                                                                    bool use_ue8m0, float bound) {
+    const int64_t groups = (n + g - 1) / g;
+    for (int64_t k = 0; k < groups; ++k) {
+      const float s = group_scale(absmax[k], use_ue8m0, kFormat);
+      scales[k * scale_stride] = s;
+      absmax[k] = 1.0f / s;
+    }
+    Caches& caches = thread_caches();
+    const ByteStep step;
+    for (int64_t c = 0, k = 0; c < n; c += g, ++k) {
+      const int64_t len = std::min(g, n - c);
+      const float inv = absmax[k];
+      int64_t i = 0;
+      Tables t;
+      if (tables_for(inv, caches, t)) {
+        for (; i + 64 <= len; i += 64) {
+          if (!step(t.mantissa, t.binade, src + c + i, out + c + i)) {
+            quantize_row<kFormat, c10::BFloat16>(src + c + i, out + c + i, 64, inv, nullptr, bound);
+          }
+        }
+      }
+      if (i < len) {
+        quantize_row<kFormat, c10::BFloat16>(src + c + i, out + c + i, len - i, inv, nullptr, bound);
+      }
     }
   }
 
@@ -314,6 +310,151 @@ class Bf16Fp8Table {
  private:
   static constexpr int kOr = 0xF8;  // ternary logic: a | (b & c), the sign bit into a code
 
+  // A scale reciprocal's tables, for the byte stepper.
+  //
+  // Bytes, with E = 2h + b (h: the high byte's low 7 bits, b: the low byte's top bit):
+  // code = mantissa[m] + 8b + binade[h], saturating. mantissa is 0..16 (+8b: 0..24); binade
+  // entries beyond int8 clip safely (the sum stays <= -25 or >= 126), and h = 127 (E = 254,
+  // 255: inf, NaN) is sent to the float path by landing in the band.
+  struct Tables {
+    __m512i mantissa[2];  // mantissas 0..63, 64..127
+    __m512i binade[2];    // h = 0..63, 64..127
+    int32_t words_from;   // word tables: code = mantissa[m] + words_from + 8E
+  };
+
+  // The fp8 codes of fl(1.m * 8 * inv) for the 128 mantissas m, inv = 1.mantissa: products in
+  // [8, 32), normal and below both bounds, where the code is the float's bits rounded to nearest
+  // even at 3 mantissa bits, rebiased (encode_bytes does the same there; the tests compare every
+  // bf16 value with torch's cast); kept as code0 (m = 0, the smallest) and each minus code0.
+  struct alignas(64) MantissaCodes {
+    uint8_t from_code0[128];
+    int32_t code0;
+    uint32_t tag;  // mantissa + 1; 0: empty
+  };
+
+  // binade[h] = offset + 16h narrowed with saturation (|offset| < 2^11).
+  struct alignas(64) BinadeCodes {
+    uint8_t binade[128];
+    int32_t offset;  // INT32_MIN: empty
+  };
+
+  // Tables kept per thread, direct-mapped. The scales of group and per-token quant come from
+  // bf16 absmaxes, whose reciprocals take about 130 mantissas (a slot each, few collisions in
+  // 1024), and a tensor's groups share a few binades, hence a few offsets (apart in 128 slots by
+  // their low bits): a group's tables are two lookups instead of about 90 vector instructions.
+  struct Caches {
+    static constexpr int kMantissaSlotBits = 10;
+    static constexpr int kBinadeSlots = 128;
+    std::vector<MantissaCodes> mantissa{size_t{1} << kMantissaSlotBits, MantissaCodes{{}, 0, 0}};
+    std::vector<BinadeCodes> binade{kBinadeSlots, BinadeCodes{{}, INT32_MIN}};
+  };
+
+  static Caches& thread_caches() {
+    thread_local Caches caches;
+    return caches;
+  }
+
+  // The reference binade E0 puts 1.m * 2^(E0-127) * inv in [8, 32): the codes there depend on
+  // inv's mantissa alone, the binade table on code(m = 0) - 8 * E0 alone.
+  static bool tables_for(float inv, Caches& caches, Tables& t) {
+    const int32_t inv_exp = static_cast<int32_t>(float_bits(inv) >> 23) - 127;  // the sign bit makes it large
+    if (!(inv > 0.0f) || inv_exp < -60 || inv_exp > 60) {
+      return false;
+    }
+    const int32_t e0 = 127 + 3 - inv_exp;
+    const MantissaCodes& codes = mantissa_codes(caches, float_bits(inv) & 0x7FFFFF);
+    t.mantissa[0] = _mm512_load_si512(codes.from_code0);
+    t.mantissa[1] = _mm512_load_si512(codes.from_code0 + 64);
+    const int32_t offset = codes.code0 - 8 * e0;
+    const BinadeCodes& binade = binade_codes(caches, offset);
+    t.binade[0] = _mm512_load_si512(binade.binade);
+    t.binade[1] = _mm512_load_si512(binade.binade + 64);
+    t.words_from = offset;
+    return true;
+  }
+
+  static const MantissaCodes& mantissa_codes(Caches& caches, uint32_t mantissa) {
+    MantissaCodes& entry = caches.mantissa[(mantissa * 0x9E3779B1u) >> (32 - Caches::kMantissaSlotBits)];
+    if (C10_LIKELY(entry.tag == mantissa + 1)) {
+      return entry;
+    }
+    constexpr int32_t kRebias = (127 - (kFormat == Fp8Format::E4M3FNUZ ? 8 : 7)) << 3;
+    const __m512 vinv = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int32_t>((127u << 23) | mantissa)));
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    alignas(64) uint8_t codes[128];
+    for (int32_t k = 0; k < 8; ++k) {  // mantissas 16k..16k+15
+      const __m512i x = _mm512_or_si512(_mm512_set1_epi32((130 << 23) | (k << 20)), _mm512_slli_epi32(lane, 16));
+      const __m512i bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x), vinv));
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 20), _mm512_set1_epi32(1));
+      const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFFF)));
+      const __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(kRebias));
+      _mm_store_si128(reinterpret_cast<__m128i*>(codes + 16 * k), _mm512_cvtepi32_epi8(code));
+    }
+    entry.code0 = codes[0];
+    const __m512i base = _mm512_set1_epi8(static_cast<char>(entry.code0));
+    _mm512_store_si512(entry.from_code0, _mm512_sub_epi8(_mm512_load_si512(codes), base));
+    _mm512_store_si512(entry.from_code0 + 64, _mm512_sub_epi8(_mm512_load_si512(codes + 64), base));
+    entry.tag = mantissa + 1;
+    return entry;
+  }
+
+  static const BinadeCodes& binade_codes(Caches& caches, int32_t offset) {
+    BinadeCodes& entry = caches.binade[static_cast<uint32_t>(offset) % Caches::kBinadeSlots];
+    if (C10_LIKELY(entry.offset == offset)) {
+      return entry;
+    }
+    const __m512i sixteen_h = _mm512_slli_epi16(
+        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
+                         6, 5, 4, 3, 2, 1, 0),
+        4);
+    const __m512i voffset = _mm512_set1_epi16(static_cast<int16_t>(offset));
+    for (int32_t q = 0; q < 4; ++q) {
+      __m512i v = _mm512_add_epi16(_mm512_add_epi16(sixteen_h, _mm512_set1_epi16(static_cast<int16_t>(512 * q))), voffset);
+      if (q == 3) {
+        v = _mm512_mask_mov_epi16(v, __mmask32{1u} << 31, _mm512_set1_epi16(-24));  // h = 127
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(entry.binade + 32 * q), _mm512_cvtsepi16_epi8(v));
+    }
+    entry.offset = offset;
+    return entry;
+  }
+
+  // One step of 64 lanes by the byte tables: false (nothing written) when a lane's code falls in
+  // the band that needs the float path.
+  struct ByteStep {
+    __m512i low_bytes = _mm512_loadu_si512(kEvenBytes.data());
+    __m512i high_bytes = _mm512_add_epi8(low_bytes, _mm512_set1_epi8(1));
+    __m512i eight = _mm512_set1_epi8(8);
+    __m512i band_lo = _mm512_set1_epi8(24);
+    __m512i band = _mm512_set1_epi8(32);
+    __m512i top = _mm512_set1_epi8(0x7E);
+    __m512i sign_bit = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512i zero = _mm512_setzero_si512();
+
+    __attribute__((target("avx512vbmi"), always_inline)) bool operator()(const __m512i* mantissa,
+                                                                        const __m512i* binade,
+                                                                        const c10::BFloat16* src,
+                                                                        uint8_t* out) const {
+      const __m512i w0 = _mm512_loadu_si512(src);
+      const __m512i w1 = _mm512_loadu_si512(src + 32);
+      const __m512i lo = _mm512_permutex2var_epi8(w0, low_bytes, w1);   // b << 7 | m
+      const __m512i hi = _mm512_permutex2var_epi8(w0, high_bytes, w1);  // sign << 7 | h
+      __m512i mant = _mm512_permutex2var_epi8(mantissa[0], lo, mantissa[1]);
+      mant = _mm512_mask_add_epi8(mant, _mm512_movepi8_mask(lo), mant, eight);
+      const __m512i c = _mm512_adds_epi8(mant, _mm512_permutex2var_epi8(binade[0], hi, binade[1]));
+      if (_mm512_cmplt_epu8_mask(_mm512_add_epi8(c, band_lo), band) != 0) {
+        return false;
+      }
+      const __m512i code = _mm512_min_epi8(_mm512_max_epi8(c, zero), top);
+      __m512i signed_code = _mm512_ternarylogic_epi32(code, hi, sign_bit, kOr);
+      if constexpr (kFormat == Fp8Format::E4M3FNUZ) {
+        signed_code = _mm512_mask_mov_epi8(signed_code, _mm512_cmpeq_epi8_mask(code, zero), zero);  // no -0
+      }
+      _mm512_storeu_si512(out, signed_code);
+      return true;
+    }
+  };
+
   // Byte indices 0, 2, ..., 126: the low bytes of 64 words held in two registers.
   static constexpr std::array<uint8_t, 64> kEvenBytes = [] {
     std::array<uint8_t, 64> even{};
@@ -326,35 +467,25 @@ class Bf16Fp8Table {
   // Whole steps of 64 lanes; returns how many elements it wrote.
   __attribute__((target("avx512vbmi"))) int64_t quantize_bytes(const c10::BFloat16* src, uint8_t* out, int64_t n,
                                                                float bound) const {
-    const __m512i low_bytes = _mm512_loadu_si512(kEvenBytes.data());
-    const __m512i high_bytes = _mm512_add_epi8(low_bytes, _mm512_set1_epi8(1));
-    const __m512i eight = _mm512_set1_epi8(8);
-    const __m512i band_lo = _mm512_set1_epi8(24);
-    const __m512i band = _mm512_set1_epi8(32);
-    const __m512i top = _mm512_set1_epi8(0x7E);
-    const __m512i sign_bit = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i zero = _mm512_setzero_si512();
+    const ByteStep step;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
-      const __m512i w0 = _mm512_loadu_si512(src + i);
-      const __m512i w1 = _mm512_loadu_si512(src + i + 32);
-      const __m512i lo = _mm512_permutex2var_epi8(w0, low_bytes, w1);   // b << 7 | m
-      const __m512i hi = _mm512_permutex2var_epi8(w0, high_bytes, w1);  // sign << 7 | h
-      __m512i mant = _mm512_permutex2var_epi8(byte_table_[0], lo, byte_table_[1]);
-      mant = _mm512_mask_add_epi8(mant, _mm512_movepi8_mask(lo), mant, eight);
-      const __m512i c = _mm512_adds_epi8(mant, _mm512_permutex2var_epi8(byte_table_[2], hi, byte_table_[3]));
-      if (_mm512_cmplt_epu8_mask(_mm512_add_epi8(c, band_lo), band) != 0) {
+      if (!step(byte_table_, byte_table_ + 2, src + i, out + i)) {
         quantize_row<kFormat, c10::BFloat16>(src + i, out + i, 64, inv_, nullptr, bound);
-        continue;
       }
-      const __m512i code = _mm512_min_epi8(_mm512_max_epi8(c, zero), top);
-      __m512i signed_code = _mm512_ternarylogic_epi32(code, hi, sign_bit, kOr);
-      if constexpr (kFormat == Fp8Format::E4M3FNUZ) {
-        signed_code = _mm512_mask_mov_epi8(signed_code, _mm512_cmpeq_epi8_mask(code, zero), zero);  // no -0
-      }
-      _mm512_storeu_si512(out + i, signed_code);
     }
     return i;
+  }
+
+  // Words: code = word_table[m] + 8E, the codes at the reference binade (byte tables' mantissa
+  // part + code0) minus 8 * E0.
+  void build_words() {
+    const __m512i from = _mm512_set1_epi16(static_cast<int16_t>(words_from_));
+    word_table_[0] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(byte_table_[0])), from);
+    word_table_[1] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(byte_table_[0], 1)), from);
+    word_table_[2] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(byte_table_[1])), from);
+    word_table_[3] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(byte_table_[1], 1)), from);
+    words_built_ = true;
   }
 
   // Whole steps of 32 lanes; returns how many elements it wrote.
@@ -390,8 +521,10 @@ class Bf16Fp8Table {
     return i;
   }
 
-  __m512i word_table_[4];
   __m512i byte_table_[4];  // mantissa table (2 registers), binade table (2 registers)
+  __m512i word_table_[4];
+  int32_t words_from_ = 0;
+  bool words_built_ = false;
   float inv_ = 0.0f;
 };
 #endif
@@ -402,7 +535,8 @@ class Bf16Fp8Table {
 template <Fp8Format kFormat, typename T>
 class RowQuantizer {
  public:
-  // Below this a table (about 60 vector instructions to build) costs more than it saves.
+  // Below this a table (about 30 vector instructions to set up, a cache miss 60 more) costs
+  // more than it saves.
   static constexpr int64_t kMinRow = 64;
 
   // Whether rows of n elements may go through the table (if inv allows it).

@@ -143,6 +143,15 @@ void group_quant_rows(const GroupQuantArgs& a) {
         const int64_t len = std::min(g, hidden - c);
         absmax[k] = buffered ? widen_absmax<T>(x + c, row.data() + c, len) : row_absmax<T>(x + c, len);
       }
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (!buffered && cpu_has_avx512_vbmi()) {
+          Bf16Fp8Table<kFormat>::quantize_groups(x, out, hidden, g, absmax.data(), scales, a.scale_group_stride,
+                                                 a.use_ue8m0, bound);
+          continue;
+        }
+      }
+#endif
       for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
         const float s = group_scale(absmax[k], a.use_ue8m0, kFormat);
         scales[k * a.scale_group_stride] = s;
