@@ -267,8 +267,8 @@ def test_a_tensor_beyond_32_bit_byte_offsets():
 @pytest.mark.parametrize("fp8_dtype", FP8)
 @pytest.mark.parametrize("hidden", [200, 1056, 4096])
 def test_fused_quant_kernels_equal_the_unfused_vllm_c_chain(fp8_dtype, hidden):
-    """The fused kernels encode y as the quant kernels do (bf16 rows of >= 512 through the
-    lookup table, checked above over every bf16 value): byte-identical to vllm_c's norm or
+    """The fused kernels encode y as the quant kernels do (bf16 rows and groups of >= 64 through
+    the lookup tables, checked above over every bf16 value): byte-identical to vllm_c's norm or
     silu_and_mul followed by vllm_c's quant, over rows of magnitudes 1e-3..1e3."""
     _vllm_c()
     g = torch.Generator().manual_seed(1)
@@ -306,3 +306,19 @@ def test_fused_quant_kernels_equal_the_unfused_vllm_c_chain(fp8_dtype, hidden):
             ops.silu_and_mul_static_fp8_quant(gate_up, scale, fp8_dtype),
             ops.static_quant_fp8(ops.silu_and_mul(gate_up), scale, fp8_dtype),
         )
+        # Group ops: bf16 groups of >= 64 staged in bf16 and encoded by the cached tables.
+        with vllm_ir.priority(
+            rms_norm_group_fp8_quant=["vllm_c"],
+            silu_and_mul_group_fp8_quant=["vllm_c"],
+            dynamic_group_quant_fp8=["vllm_c"],
+        ):
+            for group_size, column_major, ue8m0 in ((128, False, False), (64, True, True), (32, False, False)):
+                quant = (group_size, column_major, ue8m0, fp8_dtype)
+                for res, y_ref in ((None, y), (residual, y_added)):
+                    q, s, r = ops.rms_norm_group_fp8_quant(x, res, w, 1e-6, *quant)
+                    expected_q, expected_s = ops.dynamic_group_quant_fp8(y_ref, *quant)
+                    assert same(q, expected_q) and torch.equal(s, expected_s), (group_size, res is None)
+                    assert res is None or torch.equal(r, new_residual)
+                q, s = ops.silu_and_mul_group_fp8_quant(gate_up, *quant)
+                expected_q, expected_s = ops.dynamic_group_quant_fp8(ops.silu_and_mul(gate_up), *quant)
+                assert same(q, expected_q) and torch.equal(s, expected_s), group_size

@@ -585,6 +585,32 @@ inline float row_absmax(const T* src, int64_t n) {
   return widen_absmax<T>(src, nullptr, n);
 }
 
+// Group quant of one row, its absmaxes taken without widening: for group k of g elements (the
+// last maybe fewer), scales[k * scale_stride] = group_scale(its absmax) and its codes, as
+// dynamic_group_quant_fp8 defines them; bf16 groups by table where RowQuantizer takes them
+// (all of a row's groups in one call with AVX512-VBMI). absmax: scratch for the row's groups.
+template <Fp8Format kFormat, typename T>
+inline void quantize_row_groups(const T* x, uint8_t* out, int64_t n, int64_t g, float* absmax, float* scales,
+                                     int64_t scale_stride, bool use_ue8m0, float bound,
+                                     RowQuantizer<kFormat, T>& quantize_by) {
+  for (int64_t c = 0, k = 0; c < n; c += g, ++k) {
+    absmax[k] = row_absmax<T>(x + c, std::min(g, n - c));
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (RowQuantizer<kFormat, T>::by_table(g) && cpu_has_avx512_vbmi()) {
+      Bf16Fp8Table<kFormat>::quantize_groups(x, out, n, g, absmax, scales, scale_stride, use_ue8m0, bound);
+      return;
+    }
+  }
+#endif
+  for (int64_t c = 0, k = 0; c < n; c += g, ++k) {
+    const float s = group_scale(absmax[k], use_ue8m0, kFormat);
+    scales[k * scale_stride] = s;
+    quantize_by(x + c, out + c, std::min(g, n - c), 1.0f / s, bound);
+  }
+}
+
 }  // namespace fp8_vec
 }  // namespace CPU_CAPABILITY
 }  // namespace vllm_ir_c

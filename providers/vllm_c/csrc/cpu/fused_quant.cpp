@@ -109,19 +109,20 @@ float apply_weight(float y, const float* w, int64_t d) {
 }
 
 // Whether pass 2 keeps y in T for pass 3 to encode by RowQuantizer's table (bf16 rows whose y
-// is already rounded to bf16: a weight of T or none; one scale per row) instead of in fp32.
-template <typename T, Fp8Format kFormat, QuantKind kQuant, WeightKind kKind>
-bool stages_in_t(int64_t n) {
-  return kQuant != QuantKind::kGroup && kKind != WeightKind::kFp32 &&
-         fp8_vec::RowQuantizer<kFormat, T>::by_table(n);
+// is already rounded to bf16: a weight of T or none; runs of `run` values share a scale: the
+// row, or a group) instead of in fp32.
+template <typename T, Fp8Format kFormat, WeightKind kKind>
+bool stages_in_t(int64_t run) {
+  return kKind != WeightKind::kFp32 && fp8_vec::RowQuantizer<kFormat, T>::by_table(run);
 }
 
-// One row. `buf` holds y in fp32 between pass 2 and pass 3 (or `stage` in T, see stages_in_t).
+// One row. `buf` holds y in fp32 between pass 2 and pass 3 (or `stage` in T, see stages_in_t);
+// `group_absmax` is scratch for a group op's staged row.
 // Pass 2 (compute-bound) prefetches the next row's inputs (`next`), which pass 1
 // (memory-bound) then finds in cache.
 template <typename T, Fp8Format kFormat, bool kResidual, QuantKind kQuant, WeightKind kKind>
 void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, float* buf, T* stage,
-         fp8_vec::RowQuantizer<kFormat, T>& quantize_by) {
+         float* group_absmax, fp8_vec::RowQuantizer<kFormat, T>& quantize_by) {
   const int64_t n = a.hidden;
   const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
   const T* res = kResidual ? static_cast<const T*>(a.residual) + a.residual_rows.offset(r) : nullptr;
@@ -161,7 +162,7 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     if constexpr (kResidual) {
       store_float(res_out + d, s0, s1);
     }
-    if constexpr (kQuant != QuantKind::kGroup && kKind != WeightKind::kFp32) {
+    if constexpr (kKind != WeightKind::kFp32) {
       // Staged: the store rounds y to T, no widening back to fp32 in between (a dynamic
       // scale's absmax is taken from the staged row afterwards).
       if (stage != nullptr) {
@@ -215,7 +216,13 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
       fp8_vec::quantize_row<kFormat, float>(buf, out, n, 1.0f / scale, nullptr, bound);
     }
   } else if constexpr (kQuant == QuantKind::kGroup) {
-    quantize_groups<kFormat>(buf, out, n, a.group, r);
+    if (stage != nullptr) {
+      fp8_vec::quantize_row_groups<kFormat, T>(stage, out, n, a.group.size, group_absmax,
+                                               a.group.scales + a.group.rows.offset(r), a.group.group_stride,
+                                               a.group.use_ue8m0, bound, quantize_by);
+    } else {
+      quantize_groups<kFormat>(buf, out, n, a.group, r);
+    }
   } else if (stage != nullptr) {
     quantize_by(stage, out, n, inv_scale, bound);
   } else {
@@ -229,14 +236,15 @@ void rows(const RmsNormQuantArgs& a) {
     // A weight of T widened once per task; an fp32 weight is used as is.
     const norm_vec::Fp32Weight<T> same(kKind == WeightKind::kSame ? a.weight : nullptr, a.hidden);
     const float* w = kKind == WeightKind::kSame ? same.data() : static_cast<const float*>(a.weight);
-    const bool staged = stages_in_t<T, kFormat, kQuant, kKind>(a.hidden);
+    const bool staged = stages_in_t<T, kFormat, kKind>(kQuant == QuantKind::kGroup ? a.group.size : a.hidden);
     std::vector<float> buf(staged ? 0 : a.hidden);
     std::vector<T> stage(staged ? a.hidden : 0);
+    std::vector<float> group_absmax(kQuant == QuantKind::kGroup ? (a.hidden + a.group.size - 1) / a.group.size : 0);
     fp8_vec::RowQuantizer<kFormat, T> quantize_by;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
       row<T, kFormat, kResidual, kQuant, kKind>(a, r, next, w, buf.data(), staged ? stage.data() : nullptr,
-                                                quantize_by);
+                                                group_absmax.data(), quantize_by);
     }
   });
 }
@@ -297,11 +305,12 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
     silu_table = table16::tables_enabled() ? table16::table_of<T, act_vec::Silu>() : nullptr;
   }
 #endif
-  // Static quant of bf16 keeps y in T (already rounded to it) for RowQuantizer's table.
-  const bool staged = !kGroup && fp8_vec::RowQuantizer<kFormat, T>::by_table(d);
+  // bf16 keeps y in T (already rounded to it) for RowQuantizer's table (a row or a group).
+  const bool staged = fp8_vec::RowQuantizer<kFormat, T>::by_table(kGroup ? a.group.size : d);
   at::parallel_for(0, a.rows, grain_size(2 * d), [&](int64_t begin, int64_t end) {
     std::vector<float> buf(staged ? 0 : d);
     std::vector<T> stage(staged ? d : 0);
+    std::vector<float> group_absmax(kGroup ? (d + a.group.size - 1) / a.group.size : 0);
     fp8_vec::RowQuantizer<kFormat, T> quantize_by;
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = static_cast<const T*>(a.input) + a.input_rows.offset(r);
@@ -337,7 +346,13 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
         }
       }
       if constexpr (kGroup) {
-        quantize_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, r);
+        if (staged) {
+          fp8_vec::quantize_row_groups<kFormat, T>(stage.data(), a.out + r * d, d, a.group.size, group_absmax.data(),
+                                                   a.group.scales + a.group.rows.offset(r), a.group.group_stride,
+                                                   a.group.use_ue8m0, bound, quantize_by);
+        } else {
+          quantize_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, r);
+        }
       } else if (staged) {
         quantize_by(stage.data(), a.out + r * d, d, inv_scale, bound);
       } else {

@@ -139,28 +139,18 @@ void group_quant_rows(const GroupQuantArgs& a) {
       const T* x = input + a.input_rows.offset(r);
       uint8_t* out = a.out + r * hidden;
       float* scales = a.scales + a.scale_rows.offset(r);
+      if (!buffered) {
+        quantize_row_groups<kFormat, T>(x, out, hidden, g, absmax.data(), scales, a.scale_group_stride,
+                                             a.use_ue8m0, bound, quantize_by);
+        continue;
+      }
       for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
-        const int64_t len = std::min(g, hidden - c);
-        absmax[k] = buffered ? widen_absmax<T>(x + c, row.data() + c, len) : row_absmax<T>(x + c, len);
+        absmax[k] = widen_absmax<T>(x + c, row.data() + c, std::min(g, hidden - c));
       }
-#if defined(CPU_CAPABILITY_AVX512)
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        if (!buffered && cpu_has_avx512_vbmi()) {
-          Bf16Fp8Table<kFormat>::quantize_groups(x, out, hidden, g, absmax.data(), scales, a.scale_group_stride,
-                                                 a.use_ue8m0, bound);
-          continue;
-        }
-      }
-#endif
       for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
         const float s = group_scale(absmax[k], a.use_ue8m0, kFormat);
         scales[k * a.scale_group_stride] = s;
-        const int64_t len = std::min(g, hidden - c);
-        if (buffered) {
-          quantize_row<kFormat, float>(row.data() + c, out + c, len, 1.0f / s, nullptr, bound);
-        } else {
-          quantize_by(x + c, out + c, len, 1.0f / s, bound);
-        }
+        quantize_row<kFormat, float>(row.data() + c, out + c, std::min(g, hidden - c), 1.0f / s, nullptr, bound);
       }
     }
   });
