@@ -234,9 +234,10 @@ class Bf16Fp8Table {
     return true;
   }
 
-  // out[0:n] = the fp8 codes of fl(float(src[i]) * inv), as quantize_row<kFormat> writes them.
-  void quantize(const c10::BFloat16* src, uint8_t* out, int64_t n, float bound) {
-    int64_t i = cpu_has_avx512_vbmi() ? quantize_bytes(src, out, n, bound) : 0;
+  // out[0:n] = the fp8 codes of fl(float(src[i]) * inv), as quantize_row<kFormat> writes them;
+  // prefetches next[0:n] (if set) on the way.
+  void quantize(const c10::BFloat16* src, uint8_t* out, int64_t n, float bound, const c10::BFloat16* next) {
+    int64_t i = cpu_has_avx512_vbmi() ? quantize_bytes(src, out, n, bound, next) : 0;
     if (n - i >= 32) {
       if (!words_built_) {
         build_words();
@@ -252,11 +253,14 @@ class Bf16Fp8Table {
   // the last maybe fewer), scales[k * scale_stride] = group_scale(absmax[k]) and the group's
   // codes by 1 / that scale, through tables from the thread's caches (two lookups per group).
   // The scales come first, so that no group waits on its two divisions (absmax is overwritten
-  // with the reciprocals); one function, so that the steps' constants stay in registers.
+  // with the reciprocals); one function, so that the steps' constants stay in registers. The
+  // encoding (compute-bound) prefetches the row `next` (if set), whose absmax pass (bound by
+  // its loads) then finds it in cache: group quant at [4096, 4096] ran 1.2-1.4x faster so.
   __attribute__((target("avx512vbmi"))) static void quantize_groups(const c10::BFloat16* src, uint8_t* out,
                                                                     int64_t n, int64_t g, float* absmax,
                                                                     float* scales, int64_t scale_stride,
-                                                                    bool use_ue8m0, float bound) {
+                                                                    bool use_ue8m0, float bound,
+                                                                    const c10::BFloat16* next = nullptr) {
     const int64_t groups = (n + g - 1) / g;
     for (int64_t k = 0; k < groups; ++k) {
       const float s = group_scale(absmax[k], use_ue8m0, kFormat);
@@ -272,6 +276,9 @@ class Bf16Fp8Table {
       Tables t;
       if (tables_for(inv, caches, t)) {
         for (; i + 64 <= len; i += 64) {
+          if (next != nullptr) {
+            prefetch_step(next + c + i);
+          }
           if (!step(t.mantissa, t.binade, src + c + i, out + c + i)) {
             quantize_row<kFormat, c10::BFloat16>(src + c + i, out + c + i, 64, inv, nullptr, bound);
           }
@@ -404,12 +411,13 @@ class Bf16Fp8Table {
       return entry;
     }
     const __m512i sixteen_h = _mm512_slli_epi16(
-        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
-                         6, 5, 4, 3, 2, 1, 0),
+        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8,
+                         7, 6, 5, 4, 3, 2, 1, 0),
         4);
     const __m512i voffset = _mm512_set1_epi16(static_cast<int16_t>(offset));
     for (int32_t q = 0; q < 4; ++q) {
-      __m512i v = _mm512_add_epi16(_mm512_add_epi16(sixteen_h, _mm512_set1_epi16(static_cast<int16_t>(512 * q))), voffset);
+      const __m512i quarter = _mm512_set1_epi16(static_cast<int16_t>(512 * q));  // h = 32q..32q+31
+      __m512i v = _mm512_add_epi16(_mm512_add_epi16(sixteen_h, quarter), voffset);
       if (q == 3) {
         v = _mm512_mask_mov_epi16(v, __mmask32{1u} << 31, _mm512_set1_epi16(-24));  // h = 127
       }
@@ -417,6 +425,12 @@ class Bf16Fp8Table {
     }
     entry.offset = offset;
     return entry;
+  }
+
+  // The 128 bytes (two cache lines) of a step of 64 bf16 lanes, into L1.
+  static void prefetch_step(const c10::BFloat16* p) {
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + 32), _MM_HINT_T0);
   }
 
   // One step of 64 lanes by the byte tables: false (nothing written) when a lane's code falls in
@@ -466,10 +480,13 @@ class Bf16Fp8Table {
 
   // Whole steps of 64 lanes; returns how many elements it wrote.
   __attribute__((target("avx512vbmi"))) int64_t quantize_bytes(const c10::BFloat16* src, uint8_t* out, int64_t n,
-                                                               float bound) const {
+                                                               float bound, const c10::BFloat16* next) const {
     const ByteStep step;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
+      if (next != nullptr) {
+        prefetch_step(next + i);
+      }
       if (!step(byte_table_, byte_table_ + 2, src + i, out + i)) {
         quantize_row<kFormat, c10::BFloat16>(src + i, out + i, 64, inv_, nullptr, bound);
       }
@@ -548,7 +565,8 @@ class RowQuantizer {
 #endif
   }
 
-  void operator()(const T* src, uint8_t* out, int64_t n, float inv, float bound) {
+  // `next` (optional): a row of n that the caller reads next, prefetched on the table path.
+  void operator()(const T* src, uint8_t* out, int64_t n, float inv, float bound, const T* next = nullptr) {
 #if defined(CPU_CAPABILITY_AVX512)
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       if (by_table(n)) {
@@ -557,7 +575,7 @@ class RowQuantizer {
           built_for_ = inv;
         }
         if (usable_) {
-          table_.quantize(src, out, n, bound);
+          table_.quantize(src, out, n, bound, next);
           return;
         }
       }
@@ -588,18 +606,19 @@ inline float row_absmax(const T* src, int64_t n) {
 // Group quant of one row, its absmaxes taken without widening: for group k of g elements (the
 // last maybe fewer), scales[k * scale_stride] = group_scale(its absmax) and its codes, as
 // dynamic_group_quant_fp8 defines them; bf16 groups by table where RowQuantizer takes them
-// (all of a row's groups in one call with AVX512-VBMI). absmax: scratch for the row's groups.
+// (all of a row's groups in one call with AVX512-VBMI, prefetching the row `next` if set).
+// absmax: scratch for the row's groups.
 template <Fp8Format kFormat, typename T>
 inline void quantize_row_groups(const T* x, uint8_t* out, int64_t n, int64_t g, float* absmax, float* scales,
-                                     int64_t scale_stride, bool use_ue8m0, float bound,
-                                     RowQuantizer<kFormat, T>& quantize_by) {
+                                int64_t scale_stride, bool use_ue8m0, float bound,
+                                RowQuantizer<kFormat, T>& quantize_by, const T* next = nullptr) {
   for (int64_t c = 0, k = 0; c < n; c += g, ++k) {
     absmax[k] = row_absmax<T>(x + c, std::min(g, n - c));
   }
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (RowQuantizer<kFormat, T>::by_table(g) && cpu_has_avx512_vbmi()) {
-      Bf16Fp8Table<kFormat>::quantize_groups(x, out, n, g, absmax, scales, scale_stride, use_ue8m0, bound);
+      Bf16Fp8Table<kFormat>::quantize_groups(x, out, n, g, absmax, scales, scale_stride, use_ue8m0, bound, next);
       return;
     }
   }

@@ -101,7 +101,8 @@ void dynamic_per_token_rows(const DynamicQuantArgs& a) {
       if (buffered) {
         quantize_row<kFormat, float>(row.data(), a.out + r * hidden, hidden, inv, nullptr, bound);
       } else {
-        quantize_by(x, a.out + r * hidden, hidden, inv, bound);
+        const T* next = r + 1 < end ? input + a.input_rows.offset(r + 1) : nullptr;
+        quantize_by(x, a.out + r * hidden, hidden, inv, bound, next);
       }
     }
   });
@@ -140,8 +141,9 @@ void group_quant_rows(const GroupQuantArgs& a) {
       uint8_t* out = a.out + r * hidden;
       float* scales = a.scales + a.scale_rows.offset(r);
       if (!buffered) {
-        quantize_row_groups<kFormat, T>(x, out, hidden, g, absmax.data(), scales, a.scale_group_stride,
-                                             a.use_ue8m0, bound, quantize_by);
+        const T* next = r + 1 < end ? input + a.input_rows.offset(r + 1) : nullptr;
+        quantize_row_groups<kFormat, T>(x, out, hidden, g, absmax.data(), scales, a.scale_group_stride, a.use_ue8m0,
+                                        bound, quantize_by, next);
         continue;
       }
       for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
