@@ -11,8 +11,8 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
-#include <climits>
 #include <array>
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -352,8 +352,8 @@ class Bf16Fp8Table {
   struct Caches {
     static constexpr int kMantissaSlotBits = 10;
     static constexpr int kBinadeSlots = 128;
-    std::vector<MantissaCodes> mantissa{size_t{1} << kMantissaSlotBits, MantissaCodes{{}, 0, 0}};
-    std::vector<BinadeCodes> binade{kBinadeSlots, BinadeCodes{{}, INT32_MIN}};
+    std::vector<MantissaCodes> mantissa = std::vector<MantissaCodes>(size_t{1} << kMantissaSlotBits, MantissaCodes{});
+    std::vector<BinadeCodes> binade = std::vector<BinadeCodes>(kBinadeSlots, BinadeCodes{{}, INT32_MIN});
   };
 
   static Caches& thread_caches() {
