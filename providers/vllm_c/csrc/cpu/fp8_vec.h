@@ -220,15 +220,9 @@ class Bf16Fp8Table {
   // The tables for inv; false (use quantize_row) when inv is not in [2^-60, 2^60]: the shift
   // argument needs the reference products normal and zero/subnormal inputs far below fp8's range.
   bool build(float inv) {
-    Tables t;
-    if (!tables_for(inv, thread_caches(), t)) {
+    if (!tables_for(inv, thread_caches(), tables_)) {
       return false;
     }
-    byte_table_[0] = t.mantissa[0];
-    byte_table_[1] = t.mantissa[1];
-    byte_table_[2] = t.binade[0];
-    byte_table_[3] = t.binade[1];
-    words_from_ = t.words_from;
     words_built_ = false;  // quantize_words builds them when a row needs them
     inv_ = inv;
     return true;
@@ -487,7 +481,7 @@ class Bf16Fp8Table {
       if (next != nullptr) {
         prefetch_step(next + i);
       }
-      if (!step(byte_table_, byte_table_ + 2, src + i, out + i)) {
+      if (!step(tables_.mantissa, tables_.binade, src + i, out + i)) {
         quantize_row<kFormat, c10::BFloat16>(src + i, out + i, 64, inv_, nullptr, bound);
       }
     }
@@ -497,11 +491,12 @@ class Bf16Fp8Table {
   // Words: code = word_table[m] + 8E, the codes at the reference binade (byte tables' mantissa
   // part + code0) minus 8 * E0.
   void build_words() {
-    const __m512i from = _mm512_set1_epi16(static_cast<int16_t>(words_from_));
-    word_table_[0] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(byte_table_[0])), from);
-    word_table_[1] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(byte_table_[0], 1)), from);
-    word_table_[2] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(byte_table_[1])), from);
-    word_table_[3] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(byte_table_[1], 1)), from);
+    const __m512i from = _mm512_set1_epi16(static_cast<int16_t>(tables_.words_from));
+    const __m512i* mantissa = tables_.mantissa;
+    word_table_[0] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(mantissa[0])), from);
+    word_table_[1] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(mantissa[0], 1)), from);
+    word_table_[2] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(mantissa[1])), from);
+    word_table_[3] = _mm512_add_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(mantissa[1], 1)), from);
     words_built_ = true;
   }
 
@@ -538,9 +533,8 @@ class Bf16Fp8Table {
     return i;
   }
 
-  __m512i byte_table_[4];  // mantissa table (2 registers), binade table (2 registers)
+  Tables tables_;  // for inv_, from build()
   __m512i word_table_[4];
-  int32_t words_from_ = 0;
   bool words_built_ = false;
   float inv_ = 0.0f;
 };

@@ -61,10 +61,11 @@ int64_t grain_size(int64_t hidden) {
 // What scales q: a per-tensor scale, one dynamic scale per row, or one per group.
 enum class QuantKind { kStatic, kPerToken, kGroup };
 
-// Pass 3 of a group op: for each group of y (fp32, in L1), its scale into the scales tensor
-// and its codes, exactly as the group quant kernel does (cpu/quant.cpp).
+// Pass 3 of a group op whose y is not staged in T: for each group of y (fp32, in L1), its
+// scale into the scales tensor and its codes, exactly as the group quant kernel does
+// (cpu/quant.cpp).
 template <Fp8Format kFormat>
-void quantize_groups(const float* y, uint8_t* out, int64_t n, const GroupScales& g, int64_t r) {
+void quantize_fp32_groups(const float* y, uint8_t* out, int64_t n, const GroupScales& g, int64_t r) {
   const float bound = fp8_bound(kFormat);
   float* scales = g.scales + g.rows.offset(r);
   for (int64_t c = 0, k = 0; c < n; c += g.size, ++k) {
@@ -222,7 +223,7 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
                                                a.group.scales + a.group.rows.offset(r), a.group.group_stride,
                                                a.group.use_ue8m0, bound, quantize_by);
     } else {
-      quantize_groups<kFormat>(buf, out, n, a.group, r);
+      quantize_fp32_groups<kFormat>(buf, out, n, a.group, r);
     }
   } else if (stage != nullptr) {
     quantize_by(stage, out, n, inv_scale, bound);
@@ -352,7 +353,7 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
                                                    a.group.scales + a.group.rows.offset(r), a.group.group_stride,
                                                    a.group.use_ue8m0, bound, quantize_by);
         } else {
-          quantize_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, r);
+          quantize_fp32_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, r);
         }
       } else if (staged) {
         quantize_by(stage.data(), a.out + r * d, d, inv_scale, bound);
