@@ -220,7 +220,7 @@ class Bf16Fp8Table {
   // The tables for inv; false (use quantize_row) when inv is not in [2^-60, 2^60]: the shift
   // argument needs the reference products normal and zero/subnormal inputs far below fp8's range.
   bool build(float inv) {
-    if (!tables_for(inv, thread_caches(), tables_)) {
+    if (!tables_for(inv, thread_slots(), tables_)) {
       return false;
     }
     words_built_ = false;  // quantize_words builds them when a row needs them
@@ -261,14 +261,14 @@ class Bf16Fp8Table {
       scales[k * scale_stride] = s;
       absmax[k] = 1.0f / s;
     }
-    Caches& caches = thread_caches();
+    const Slots slots = thread_slots();
     const ByteStep step;
     for (int64_t c = 0, k = 0; c < n; c += g, ++k) {
       const int64_t len = std::min(g, n - c);
       const float inv = absmax[k];
       int64_t i = 0;
       Tables t;
-      if (tables_for(inv, caches, t)) {
+      if (tables_for(inv, slots, t)) {
         for (; i + 64 <= len; i += 64) {
           if (next != nullptr) {
             prefetch_step(next + c + i);
@@ -340,9 +340,11 @@ class Bf16Fp8Table {
   };
 
   // Tables kept per thread, direct-mapped. The scales of group and per-token quant come from
-  // bf16 absmaxes, whose reciprocals take about 130 mantissas (a slot each, few collisions in
-  // 1024), and a tensor's groups share a few binades, hence a few offsets (apart in 128 slots by
-  // their low bits): a group's tables are two lookups instead of about 90 vector instructions.
+  // bf16 absmaxes, whose reciprocals take 128 mantissas per format (a slot each: their top 10
+  // bits differ, where a multiplicative hash put 128 of them in 115 slots and the colliding
+  // pairs rebuilt each other's tables), and a tensor's groups share a few binades, hence a few
+  // offsets (apart in 128 slots by their low bits): a group's tables are two lookups instead of
+  // about 90 vector instructions.
   struct Caches {
     static constexpr int kMantissaSlotBits = 10;
     static constexpr int kBinadeSlots = 128;
@@ -350,32 +352,40 @@ class Bf16Fp8Table {
     std::vector<BinadeCodes> binade = std::vector<BinadeCodes>(kBinadeSlots, BinadeCodes{{}, INT32_MIN});
   };
 
-  static Caches& thread_caches() {
+  // The calling thread's caches as plain pointers, taken once per call: reached through the
+  // thread-local object in the loops, each lookup became a __tls_get_addr call (and its
+  // vzeroupper, which dropped the step's constants from their registers).
+  struct Slots {
+    MantissaCodes* mantissa;
+    BinadeCodes* binade;
+  };
+
+  static Slots thread_slots() {
     thread_local Caches caches;
-    return caches;
+    return {caches.mantissa.data(), caches.binade.data()};
   }
 
   // The reference binade E0 puts 1.m * 2^(E0-127) * inv in [8, 32): the codes there depend on
   // inv's mantissa alone, the binade table on code(m = 0) - 8 * E0 alone.
-  static bool tables_for(float inv, Caches& caches, Tables& t) {
+  static bool tables_for(float inv, const Slots& slots, Tables& t) {
     const int32_t inv_exp = static_cast<int32_t>(float_bits(inv) >> 23) - 127;  // the sign bit makes it large
     if (!(inv > 0.0f) || inv_exp < -60 || inv_exp > 60) {
       return false;
     }
     const int32_t e0 = 127 + 3 - inv_exp;
-    const MantissaCodes& codes = mantissa_codes(caches, float_bits(inv) & 0x7FFFFF);
+    const MantissaCodes& codes = mantissa_codes(slots, float_bits(inv) & 0x7FFFFF);
     t.mantissa[0] = _mm512_load_si512(codes.from_code0);
     t.mantissa[1] = _mm512_load_si512(codes.from_code0 + 64);
     const int32_t offset = codes.code0 - 8 * e0;
-    const BinadeCodes& binade = binade_codes(caches, offset);
+    const BinadeCodes& binade = binade_codes(slots, offset);
     t.binade[0] = _mm512_load_si512(binade.binade);
     t.binade[1] = _mm512_load_si512(binade.binade + 64);
     t.words_from = offset;
     return true;
   }
 
-  static const MantissaCodes& mantissa_codes(Caches& caches, uint32_t mantissa) {
-    MantissaCodes& entry = caches.mantissa[(mantissa * 0x9E3779B1u) >> (32 - Caches::kMantissaSlotBits)];
+  static const MantissaCodes& mantissa_codes(const Slots& slots, uint32_t mantissa) {
+    MantissaCodes& entry = slots.mantissa[mantissa >> (23 - Caches::kMantissaSlotBits)];
     if (C10_LIKELY(entry.tag == mantissa + 1)) {
       return entry;
     }
@@ -399,8 +409,8 @@ class Bf16Fp8Table {
     return entry;
   }
 
-  static const BinadeCodes& binade_codes(Caches& caches, int32_t offset) {
-    BinadeCodes& entry = caches.binade[static_cast<uint32_t>(offset) % Caches::kBinadeSlots];
+  static const BinadeCodes& binade_codes(const Slots& slots, int32_t offset) {
+    BinadeCodes& entry = slots.binade[static_cast<uint32_t>(offset) % Caches::kBinadeSlots];
     if (C10_LIKELY(entry.offset == offset)) {
       return entry;
     }
