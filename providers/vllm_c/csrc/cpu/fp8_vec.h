@@ -607,6 +607,20 @@ inline float row_absmax(const T* src, int64_t n) {
   return widen_absmax<T>(src, nullptr, n);
 }
 
+// Group quant of an fp32 row whose group absmaxes are known: for group k of g elements (the
+// last maybe fewer), scales[k * scale_stride] = group_scale(absmax[k]) and its codes, as
+// dynamic_group_quant_fp8 defines them (the float path: the group quant kernel's widened rows,
+// the fused kernels' fp32 y).
+template <Fp8Format kFormat>
+inline void quantize_fp32_groups(const float* row, uint8_t* out, int64_t n, int64_t g, const float* absmax,
+                                 float* scales, int64_t scale_stride, bool use_ue8m0, float bound) {
+  for (int64_t c = 0, k = 0; c < n; c += g, ++k) {
+    const float s = group_scale(absmax[k], use_ue8m0, kFormat);
+    scales[k * scale_stride] = s;
+    quantize_row<kFormat, float>(row + c, out + c, std::min(g, n - c), 1.0f / s, nullptr, bound);
+  }
+}
+
 // Group quant of one row, its absmaxes taken without widening: for group k of g elements (the
 // last maybe fewer), scales[k * scale_stride] = group_scale(its absmax) and its codes, as
 // dynamic_group_quant_fp8 defines them; bf16 groups by table where RowQuantizer takes them

@@ -61,19 +61,16 @@ int64_t grain_size(int64_t hidden) {
 // What scales q: a per-tensor scale, one dynamic scale per row, or one per group.
 enum class QuantKind { kStatic, kPerToken, kGroup };
 
-// Pass 3 of a group op whose y is not staged in T: for each group of y (fp32, in L1), its
-// scale into the scales tensor and its codes, exactly as the group quant kernel does
-// (cpu/quant.cpp).
+// Pass 3 of a group op whose y is not staged in T: each group's absmax from y (fp32, in L1),
+// then its scale and codes as the group quant kernel's float path takes them (cpu/quant.cpp).
 template <Fp8Format kFormat>
-void quantize_fp32_groups(const float* y, uint8_t* out, int64_t n, const GroupScales& g, int64_t r) {
-  const float bound = fp8_bound(kFormat);
-  float* scales = g.scales + g.rows.offset(r);
+void quantize_fp32_groups(const float* y, uint8_t* out, int64_t n, const GroupScales& g, float* group_absmax,
+                          int64_t r) {
   for (int64_t c = 0, k = 0; c < n; c += g.size, ++k) {
-    const int64_t len = std::min(g.size, n - c);
-    const float s = group_scale(fp8_vec::widen_absmax<float>(y + c, nullptr, len), g.use_ue8m0, kFormat);
-    scales[k * g.group_stride] = s;
-    fp8_vec::quantize_row<kFormat, float>(y + c, out + c, len, 1.0f / s, nullptr, bound);
+    group_absmax[k] = fp8_vec::widen_absmax<float>(y + c, nullptr, std::min(g.size, n - c));
   }
+  fp8_vec::quantize_fp32_groups<kFormat>(y, out, n, g.size, group_absmax, g.scales + g.rows.offset(r), g.group_stride,
+                                         g.use_ue8m0, fp8_bound(kFormat));
 }
 
 // How the weight enters: none, of T (product rounded to T), or fp32 with a narrower T
@@ -233,7 +230,7 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
                                                a.group.scales + a.group.rows.offset(r), a.group.group_stride,
                                                a.group.use_ue8m0, bound, quantize_by);
     } else {
-      quantize_fp32_groups<kFormat>(buf, out, n, a.group, r);
+      quantize_fp32_groups<kFormat>(buf, out, n, a.group, group_absmax, r);
     }
   } else if (stage != nullptr) {
     quantize_by(stage, out, n, inv_scale, bound);
@@ -375,7 +372,7 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
                                                    a.group.scales + a.group.rows.offset(r), a.group.group_stride,
                                                    a.group.use_ue8m0, bound, quantize_by);
         } else {
-          quantize_fp32_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, r);
+          quantize_fp32_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, group_absmax.data(), r);
         }
       } else if (staged) {
         quantize_by(stage.data(), a.out + r * d, d, inv_scale, bound);

@@ -149,11 +149,8 @@ void group_quant_rows(const GroupQuantArgs& a) {
       for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
         absmax[k] = widen_absmax<T>(x + c, row.data() + c, std::min(g, hidden - c));
       }
-      for (int64_t c = 0, k = 0; c < hidden; c += g, ++k) {
-        const float s = group_scale(absmax[k], a.use_ue8m0, kFormat);
-        scales[k * a.scale_group_stride] = s;
-        quantize_row<kFormat, float>(row.data() + c, out + c, std::min(g, hidden - c), 1.0f / s, nullptr, bound);
-      }
+      quantize_fp32_groups<kFormat>(row.data(), out, hidden, g, absmax.data(), scales, a.scale_group_stride,
+                                    a.use_ue8m0, bound);
     }
   });
 }
