@@ -7,10 +7,12 @@
 #pragma once
 
 #include <ATen/cpu/vec/functional.h>
+#include <ATen/Version.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 namespace vllm_ir_c {
 namespace CPU_CAPABILITY {
@@ -19,9 +21,27 @@ namespace act_vec {
 using fVec = at::vec::Vectorized<float>;
 
 // ATen's vectorized loop runs its vector form while two Vectorized<T> fit (per row of a
-// strided gate): the remainder, shorter than this, takes its scalar form.
+// strided gate): the remainder, shorter than that, takes its scalar form. Two Vectorized<T>
+// of the capability ATen itself runs at, which need not be this kernel's: a wheel built with
+// fewer variants, VLLM_IR_C_CPU_CAPABILITY or ATEN_CPU_CAPABILITY make them differ (an AVX2
+// kernel under AVX512 ATen once ran the vector form on rows of 16 floats that ATen computes
+// in scalar form). A multiple of this kernel's step where ATen's vectors are the wider ones;
+// else a kernel's last vector step may be partial.
 template <typename T>
-constexpr int64_t kAtenStep = 2 * at::vec::Vectorized<T>::size();
+inline int64_t aten_step() {
+  static const int64_t bytes = [] {
+    const std::string aten = at::get_cpu_capability();
+    if (aten == "AVX512") {
+      return int64_t{64};
+    }
+#if defined(__x86_64__) || defined(_M_X64)
+    return int64_t{32};  // ATen's AVX2 vectors and its generic ones (vec_base) below AVX512
+#else
+    return static_cast<int64_t>(sizeof(at::vec::Vectorized<float>));  // only DEFAULT is built here
+#endif
+  }();
+  return 2 * bytes / static_cast<int64_t>(sizeof(T));
+}
 
 inline fVec silu(const fVec& x) {
   return x / (fVec(1.0f) + x.neg().exp());

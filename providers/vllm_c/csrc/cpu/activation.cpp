@@ -57,7 +57,7 @@ using Pair = std::tuple<fVec, fVec>;
 // Fewer elements than this per task are not worth a parallel region.
 constexpr int64_t kMinElementsPerTask = 16384;
 
-using act_vec::kAtenStep;  // ATen's split between its vector and scalar forms
+using act_vec::aten_step;  // ATen's split between its vector and scalar forms
 
 // ---------------------------------------------------------------------------------------
 // the fp32 math, vector and scalar, each as ATen computes it
@@ -206,7 +206,7 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
   // Halves: native's vector form covers whole steps of two Vectorized<T> of each row, its
   // scalar form the rest. Interleaved: no native kernel to follow; the vector form covers
   // every whole step of ours.
-  const int64_t body = kLayout == Halves::kInterleaved ? d - d % kStep : d - d % kAtenStep<T>;
+  const int64_t body = kLayout == Halves::kInterleaved ? d - d % kStep : d - d % aten_step<T>();
   const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(d, 1));
   at::parallel_for(0, a.rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -232,16 +232,22 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
 #if defined(CPU_CAPABILITY_AVX512)
         if constexpr (TabulatedAct<Fn>::value && table16::kLooksUp<T>) {
           const T* table = table16::tables_enabled() ? table16::table_of<T, typename TabulatedAct<Fn>::Act>() : nullptr;
-          for (; table != nullptr && i < body; i += kStep) {
+          for (; table != nullptr && i + kStep <= body; i += kStep) {
             auto [a0, a1] = table16::lookup_float(table, gate + i);  // act(gate) rounded to T
             auto [u0, u1] = load_float(up + i);
             store_float(o + i, a0 * u0, a1 * u1);
           }
         }
 #endif
-        for (; i < body; i += kStep) {
+        for (; i + kStep <= body; i += kStep) {
           auto [y0, y1] = fn.template vec<T>(load_float(gate + i), load_float(up + i));
           store_float(o + i, y0, y1);
+        }
+        if (i < body) {  // ATen's vectors narrower than ours: the vector form on a partial step
+          const int64_t count = body - i;
+          auto [y0, y1] = fn.template vec<T>(load_float(gate + i, count), load_float(up + i, count));
+          store_float(o + i, y0, y1, count);
+          i = body;
         }
         for (; i < d; ++i) {
           o[i] = fn.template scalar<T>(gate[i], up[i]);

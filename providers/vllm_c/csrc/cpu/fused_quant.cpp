@@ -304,7 +304,7 @@ void rms_norm_quant_kernel(const RmsNormQuantArgs& a) {
 template <typename T, Fp8Format kFormat, bool kGroup>
 void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
   const int64_t d = a.d;
-  const int64_t body = d - d % act_vec::kAtenStep<T>;
+  const int64_t body = d - d % act_vec::aten_step<T>();
   const float inv_scale = kGroup ? 0.0f : 1.0f / *a.scale;
   const float bound = fp8_bound(kFormat);
   // silu of 16-bit gates looked up (table16.h), as the silu_and_mul kernel does.
@@ -330,14 +330,14 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
         // The common case in a loop of its own, as the silu_and_mul kernel's (with the
         // choices below made per element, it ran ~20% slower than that kernel).
         T* st = stage.data();
-        for (; i < body; i += kStep) {
+        for (; i + kStep <= body; i += kStep) {
           auto [s0, s1] = table16::lookup_float(silu_table, gate + i);
           auto [u0, u1] = load_float(up + i);
           store_float(st + i, s0 * u0, s1 * u1);
         }
       }
 #endif
-      for (; i < body; i += kStep) {
+      for (; i + kStep <= body; i += kStep) {
         auto [u0, u1] = load_float(up + i);
         fVec s0, s1;
 #if defined(CPU_CAPABILITY_AVX512)
@@ -356,6 +356,19 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
           y0.store(buf.data() + i);
           y1.store(buf.data() + i + fVec::size());
         }
+      }
+      if (i < body) {  // ATen's vectors narrower than ours: the vector form on a partial step
+        const int64_t count = body - i;
+        auto [u0, u1] = load_float(up + i, count);
+        auto [g0, g1] = load_float(gate + i, count);
+        auto [s0, s1] = round_float<T>(act_vec::silu(g0), act_vec::silu(g1));
+        auto [y0, y1] = round_float<T>(s0 * u0, s1 * u1);
+        if (staged) {
+          store_float(stage.data() + i, y0, y1, count);
+        } else {
+          store_float(buf.data() + i, y0, y1, count);
+        }
+        i = body;
       }
       for (; i < d; ++i) {
         const float s = round_scalar<T>(act_vec::silu(static_cast<float>(gate[i])));
