@@ -64,8 +64,8 @@ enum class QuantKind { kStatic, kPerToken, kGroup };
 // Pass 3 of a group op whose y is not staged in T: each group's absmax from y (fp32, in L1),
 // then its scale and codes as the group quant kernel's float path takes them (cpu/quant.cpp).
 template <Fp8Format kFormat>
-void quantize_fp32_groups(const float* y, uint8_t* out, int64_t n, const GroupScales& g, float* group_absmax,
-                          int64_t r) {
+void quantize_buffered_groups(const float* y, uint8_t* out, int64_t n, const GroupScales& g, float* group_absmax,
+                              int64_t r) {
   for (int64_t c = 0, k = 0; c < n; c += g.size, ++k) {
     group_absmax[k] = fp8_vec::widen_absmax<float>(y + c, nullptr, std::min(g.size, n - c));
   }
@@ -230,7 +230,7 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
                                                a.group.scales + a.group.rows.offset(r), a.group.group_stride,
                                                a.group.use_ue8m0, bound, quantize_by);
     } else {
-      quantize_fp32_groups<kFormat>(buf, out, n, a.group, group_absmax, r);
+      quantize_buffered_groups<kFormat>(buf, out, n, a.group, group_absmax, r);
     }
   } else if (stage != nullptr) {
     quantize_by(stage, out, n, inv_scale, bound);
@@ -385,7 +385,7 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
                                                    a.group.scales + a.group.rows.offset(r), a.group.group_stride,
                                                    a.group.use_ue8m0, bound, quantize_by);
         } else {
-          quantize_fp32_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, group_absmax.data(), r);
+          quantize_buffered_groups<kFormat>(buf.data(), a.out + r * d, d, a.group, group_absmax.data(), r);
         }
       } else if (staged) {
         quantize_by(stage.data(), a.out + r * d, d, inv_scale, bound);
