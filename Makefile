@@ -13,7 +13,7 @@ example: setup
 	$(PY) examples/eager_dispatch.py
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadscope
 
 lint:
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -60,3 +60,15 @@ def test_aten_declines_a_weight_on_another_device_so_native_raises_as_it_would()
         with pytest.raises(RuntimeError), warnings.catch_warnings():
             warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
             op(x, residual, weight.to("meta"), eps)
+
+
+def test_inductor_takes_a_fresh_code_object_when_dynamo_reaches_its_recompile_limit():
+    """Dynamo specializes on strides and views beyond the provider's signature; a full code
+    object must not turn the provider's next variant into a hard failure (fullgraph=True)."""
+    _load("inductor")
+    op = vllm_ir.ops.gelu_and_mul
+    layouts = [torch.randn(4, 32)[:, :16], torch.randn(16, 4).t(), torch.randn(4, 48)[:, 8:24]]
+    with torch._dynamo.config.patch(recompile_limit=1), vllm_ir.priority(gelu_and_mul=["inductor"]):
+        for x in layouts + layouts:
+            assert op.dispatch(x, "none").provider == "inductor"
+            torch.testing.assert_close(op(x, "none"), op.fn(x, "none"))

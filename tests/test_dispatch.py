@@ -231,6 +231,17 @@ def test_calls_under_tracing_record_one_ir_node():
     assert targets == [torch.ops.vllm_ir.rms_norm.default]
 
 
+def test_looking_an_overload_up_again_keeps_the_object_graphs_and_patterns_hold():
+    """The dispatcher and the passes' patterns hold ``torch.ops.vllm_ir.<op>.default``; asking
+    for it again (a second entry point, a test) must not replace it with a new object."""
+    from vllm_ir.ir import torch_library
+
+    held = torch.ops.vllm_ir.rms_norm.default
+    assert torch_library.overload("rms_norm") is held
+    assert torch_library.overload("rms_norm") is held
+    assert torch.ops.vllm_ir.rms_norm.default is held
+
+
 def test_the_torch_op_kernel_caches_its_decisions_and_follows_priority_changes():
     """A graph that kept the IR node, or a direct torch.ops call, runs the op's kernel: it
     decides like eager dispatch, caches per signature, and forgets on any priority change."""

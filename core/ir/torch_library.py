@@ -80,7 +80,13 @@ def define(op: IrOp, run_functional: Callable[..., Any]) -> torch.library.Librar
 
 
 def overload(op_name: str, name: str = "default") -> torch._ops.OpOverload:
-    return getattr(getattr(torch.ops, NAMESPACE), op_name).__getattr__(name)
+    """``torch.ops.<NAMESPACE>.<op_name>.<name>``, the one object graphs and patterns hold.
+
+    Plain attribute access: the packet caches each overload on first access, and calling its
+    ``__getattr__`` directly would build a new object and replace the cached one, leaving the
+    dispatcher and the passes' patterns with an overload no new graph contains.
+    """
+    return getattr(getattr(getattr(torch.ops, NAMESPACE), op_name), name)
 
 
 #: Backends whose kernel for an IR op is the ``CompositeExplicitAutograd`` one (Meta has the fake).

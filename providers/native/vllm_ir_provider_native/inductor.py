@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 import shutil
 import types
@@ -52,16 +53,18 @@ SUPPORTED = _availability()
 
 
 @functools.cache
-def compiled(op_name: str, signature: tuple) -> Callable[..., Any]:
+def compiled(op_name: str, signature: tuple, generation: int = 0) -> Callable[..., Any]:
     """The op's native function compiled for one call signature (shapes stay dynamic).
 
     Dynamo counts recompilations per code object, and every dtype, weight presence, rank,
     size-0/1 dimension or strided layout is a recompilation: a fresh code object per such
     signature keeps each one within Dynamo's limit instead of failing after eight variants.
+    Dynamo specializes on more than a signature can name (a view's base, row strides): when
+    one code object reaches the limit, generation ``n + 1`` is a fresh one (see `_run`).
     """
     fn = vllm_ir.ops.__getattr__(op_name).fn
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{len(_signatures)}")
-    _signatures.append(signature)
+    _signatures.append((signature, generation))
     clone = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     return torch.compile(clone, dynamic=True, fullgraph=True)
 
@@ -70,13 +73,16 @@ _signatures: list[tuple] = []
 
 
 def _signature(args: tuple) -> tuple:
-    """What Dynamo specializes on even with ``dynamic=True``: dtypes, ranks, sizes 0 and 1, layout."""
-    return tuple(
-        (a.dtype, a.device.type, tuple(min(s, 2) for s in a.shape), a.is_contiguous())
-        if isinstance(a, torch.Tensor)
-        else (a is None, type(a))
-        for a in args
-    )
+    """What Dynamo specializes on even with ``dynamic=True``: grad mode, dtypes, ranks, sizes 0
+    and 1, layout, views, ``requires_grad``, and the value of a string or bool parameter."""
+    return (torch.is_grad_enabled(), *(_fact(a) for a in args))
+
+
+def _fact(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        shape = tuple(min(s, 2) for s in a.shape)
+        return (a.dtype, a.device.type, shape, a.is_contiguous(), a._is_view(), a.requires_grad)
+    return a if a is None or isinstance(a, (str, bool)) else type(a)
 
 
 def _tracing() -> bool:
@@ -86,7 +92,12 @@ def _tracing() -> bool:
 def _run(op_name: str, *args: Any) -> Any:
     if _tracing():
         return vllm_ir.ops.__getattr__(op_name).fn(*args)
-    return compiled(op_name, _signature(args))(*args)
+    signature = _signature(args)
+    for generation in itertools.count():
+        try:
+            return compiled(op_name, signature, generation)(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            continue  # this generation holds Dynamo's limit of variants: the next one compiles it
 
 
 def _not_float64(x: Tensor) -> bool | vllm_ir.Unsupported:
