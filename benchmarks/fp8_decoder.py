@@ -29,8 +29,13 @@ variant keeps its best round's median; the machine is shared and noisy), plus th
 difference of the fused output from the unfused one relative to the output's scale.
 Use the same ``OMP_NUM_THREADS`` for runs that are compared.
 
+``--profile`` also prints, per T, where the unfused model's time goes (torch.profiler, self
+CPU time): the matmuls (``aten::mm``, and attention's ``aten::bmm``) against everything else,
+norms and quant kernels included. Fusion can at most remove the rest, so
+``1 / matmul share`` bounds how much faster any fused model can be.
+
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/fp8_decoder.py [--quant static group] [--tokens 1 16 256]
-        [--layers 2] [--hidden 1024] [--intermediate 2816] [--heads 8] [--rounds 15]
+        [--layers 2] [--hidden 1024] [--intermediate 2816] [--heads 8] [--rounds 15] [--profile]
 """
 
 from __future__ import annotations
@@ -151,6 +156,23 @@ def _compiled(model: Fp8Decoder, x: Tensor, variant: str):
     return compiled, out, len(fused), len(report.fusions_rejected)
 
 
+MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
+
+
+def matmul_share(fn, x: Tensor, calls: int = 5) -> float:
+    """The share of ``fn(x)``'s self CPU time spent in matmuls (the profiler's own events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn(x)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn(x)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    return sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quant", nargs="+", default=["static", "group"], choices=["static", "group"])
@@ -160,6 +182,7 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=2816)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--profile", action="store_true", help="print the unfused model's matmul share")
     args = parser.parse_args()
 
     import vllm_ir_provider_vllm_c
@@ -202,6 +225,12 @@ def main() -> None:
                     f"{best['unfused'] / best['fused']:7.3f} {best['native'] / best['fused']:7.3f} | "
                     f"{fusions['fused']:>7} {diff:12.2e}"
                 )
+                if args.profile:
+                    share = matmul_share(compiled["unfused"], x)
+                    print(
+                        f"{'':>11} unfused: matmuls {100 * share:.1f}% of self CPU time, so no fusion of "
+                        f"the rest can make it more than {1 / share:.3f}x faster"
+                    )
 
 
 if __name__ == "__main__":
