@@ -97,16 +97,8 @@ class Fp32Weight {
 
 // Pass 1 of a row waits on memory, pass 2 on arithmetic. Pass 2 therefore prefetches the
 // next row's step (for writing where it will be written, which saves the later ownership
-// request) so that the two overlap; prefetching lines already cached costs next to nothing.
-template <bool kForWrite, typename T>
-inline void prefetch_step(const T* p) {
-#if defined(__GNUC__) || defined(__clang__)
-  constexpr int64_t kLine = 64;
-  for (int64_t b = 0; b < kStep * static_cast<int64_t>(sizeof(T)); b += kLine) {
-    __builtin_prefetch(reinterpret_cast<const char*>(p) + b, kForWrite ? 1 : 0, 3);
-  }
-#endif
-}
+// request) so that the two overlap (float_vec::prefetch_step).
+using float_vec::prefetch_step;
 
 }  // namespace norm_vec
 }  // namespace CPU_CAPABILITY
