@@ -17,6 +17,7 @@
 
 #include "../rotary.h"
 #include "dispatch_stub.h"
+#include "float_vec.h"
 
 namespace vllm_ir_c {
 
@@ -33,25 +34,18 @@ constexpr int64_t kBlock = 2 * fVec::size();
 // Fewer rotated elements than this per task are not worth a parallel region.
 constexpr int64_t kMinElementsPerTask = 16384;
 
+// Loads widen and stores round through float_vec.h: with AVX512-BF16 that is an instruction or
+// two per vector where ATen's emulated bf16 narrowing takes about twenty (bf16 rope at
+// [4096, 32 x 128], rotary_dim 128, two threads: 4.97 -> 3.49 ms).
 template <typename T>
 Pair load_block(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {fVec::loadu(p), fVec::loadu(p + fVec::size())};
-  } else {
-    static_assert(at::vec::Vectorized<T>::size() == kBlock);
-    const auto [a, b] = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
-    return {a, b};
-  }
+  const auto [a, b] = float_vec::load_float(p);
+  return {a, b};
 }
 
 template <typename T>
 void store_block(T* p, const Pair& v) {
-  if constexpr (std::is_same_v<T, float>) {
-    v.first.store(p);
-    v.second.store(p + fVec::size());
-  } else {
-    at::vec::convert_from_float<T>(v.first, v.second).store(p);
-  }
+  float_vec::store_float(p, v.first, v.second);
 }
 
 // fp32 values rounded to bf16 precision (to nearest, ties to even) on their bits, staying
