@@ -43,7 +43,11 @@ VLLM_IR_C_DECLARE_DISPATCH(void (*)(const FusedAddRmsNormArgs&), fused_add_rms_n
 namespace CPU_CAPABILITY {
 namespace {
 
-using fVec = at::vec::Vectorized<float>;
+using float_vec::fVec;
+using float_vec::kStep;
+using float_vec::load_float;
+using float_vec::round_float;
+using float_vec::store_float;
 using norm_vec::Fp32Weight;
 using norm_vec::inverse_rms;
 using norm_vec::prefetch_step;
@@ -56,82 +60,6 @@ constexpr int64_t kMinElementsPerTask = 16384;
 
 int64_t grain_size(int64_t hidden) {
   return std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(hidden, 1));
-}
-
-// ---------------------------------------------------------------------------------------
-// fp32 <-> T for one Vectorized<T> (two fp32 vectors), rounding to nearest even bit for bit
-// like c10::BFloat16 / c10::Half, that is, like native.
-
-template <typename T>
-std::tuple<fVec, fVec> widen(const at::vec::Vectorized<T>& v) {
-  return at::vec::convert_to_float<T>(v);
-}
-
-template <typename T>
-at::vec::Vectorized<T> narrow(const fVec& a, const fVec& b) {
-  return at::vec::convert_from_float<T>(a, b);
-}
-
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-// With AVX512-BF16 the bf16 kernels are ALU-bound on ATen's emulated conversions (about 20
-// vector instructions per 32 elements each way); these take 2 to 4, which makes the kernels
-// memory-bound again.
-
-template <>
-std::tuple<fVec, fVec> widen<c10::BFloat16>(const at::vec::Vectorized<c10::BFloat16>& v) {
-  // Each bf16 becomes the high half of an fp32 lane: one masked word permute per 16 lanes.
-  const __m512i low_half = _mm512_set_epi32(0xF0000, 0xE0000, 0xD0000, 0xC0000, 0xB0000, 0xA0000, 0x90000, 0x80000,
-                                            0x70000, 0x60000, 0x50000, 0x40000, 0x30000, 0x20000, 0x10000, 0);
-  const __m512i high_half = _mm512_add_epi32(low_half, _mm512_set1_epi32(16 << 16));
-  constexpr __mmask32 kHighWords = 0xAAAAAAAAu;
-  return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kHighWords, low_half, v)),
-          _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kHighWords, high_half, v))};
-}
-
-template <>
-at::vec::Vectorized<c10::BFloat16> narrow<c10::BFloat16>(const fVec& a, const fVec& b) {
-  // vcvtne2ps2bf16 rounds to nearest even like c10, but flushes denormals to zero and keeps
-  // NaN payloads where c10 keeps denormals and writes 0xffff: such vectors take ATen's path.
-  constexpr int kNaNOrDenormal = 0x01 | 0x20 | 0x80;  // vfpclassps: QNaN | denormal | SNaN
-  const __mmask16 special = _mm512_fpclass_ps_mask(a, kNaNOrDenormal) | _mm512_fpclass_ps_mask(b, kNaNOrDenormal);
-  if (C10_LIKELY(special == 0)) {
-    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
-  }
-  return at::vec::convert_from_float<c10::BFloat16>(a, b);
-}
-#endif
-
-// Rows are walked in steps of two fp32 vectors: one Vectorized<T> of bf16/fp16, two of float.
-constexpr int64_t kStep = 2 * fVec::size();
-
-template <typename T>
-std::tuple<fVec, fVec> load_float(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {fVec::loadu(p), fVec::loadu(p + fVec::size())};
-  } else {
-    static_assert(at::vec::Vectorized<T>::size() == kStep);
-    return widen<T>(at::vec::Vectorized<T>::loadu(p));
-  }
-}
-
-template <typename T>
-void store_float(T* p, const fVec& a, const fVec& b) {
-  if constexpr (std::is_same_v<T, float>) {
-    a.store(p);
-    b.store(p + fVec::size());
-  } else {
-    narrow<T>(a, b).store(p);
-  }
-}
-
-// fp32 values rounded to T's precision: native's `.to(dtype)` before the weight multiply.
-template <typename T>
-std::tuple<fVec, fVec> round_float(const fVec& a, const fVec& b) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {a, b};
-  } else {
-    return widen<T>(narrow<T>(a, b));
-  }
 }
 
 // ---------------------------------------------------------------------------------------
