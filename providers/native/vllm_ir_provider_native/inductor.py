@@ -64,12 +64,12 @@ def compiled(op_name: str, signature: tuple, generation: int = 0) -> Callable[..
     """
     fn = vllm_ir.ops.__getattr__(op_name).fn
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{len(_signatures)}")
-    _signatures.append((signature, generation))
+    _signatures.add((op_name, signature, generation))
     clone = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     return torch.compile(clone, dynamic=True, fullgraph=True)
 
 
-_signatures: list[tuple] = []
+_signatures: set[tuple] = set()
 
 
 def _signature(args: tuple) -> tuple:
@@ -94,10 +94,13 @@ def _run(op_name: str, *args: Any) -> Any:
         return vllm_ir.ops.__getattr__(op_name).fn(*args)
     signature = _signature(args)
     for generation in itertools.count():
+        fresh = (op_name, signature, generation) not in _signatures
         try:
             return compiled(op_name, signature, generation)(*args)
         except torch._dynamo.exc.FailOnRecompileLimitHit:
-            continue  # this generation holds Dynamo's limit of variants: the next one compiles it
+            if fresh:  # not a full code object: the limit itself forbids this compile
+                raise
+            # this generation holds Dynamo's limit of variants: the next one compiles it
 
 
 def _not_float64(x: Tensor) -> bool | vllm_ir.Unsupported:
