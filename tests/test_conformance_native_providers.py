@@ -75,10 +75,16 @@ def test_inductor_takes_a_fresh_code_object_when_dynamo_reaches_its_recompile_li
 
 
 def test_inductor_with_a_zero_recompile_limit_raises_instead_of_compiling_forever():
-    """A fresh code object that hits the limit is the limit forbidding compiles, not a full one."""
-    _load("inductor")
-    op = vllm_ir.ops.gelu_and_mul
-    x = torch.randn(2, 4, 40)[..., :16]  # a layout no other test compiled (a fresh code object)
-    with torch._dynamo.config.patch(recompile_limit=0), vllm_ir.priority(gelu_and_mul=["inductor"]):
-        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
-            op(x, "tanh")
+    """A fresh code object that hits the limit is the limit forbidding compiles, not a full one.
+
+    The op is new, so its first compile is certainly a fresh code object's."""
+    from vllm_ir_provider_native import inductor
+
+    from tests.conftest import unique
+
+    @vllm_ir.register_op(name=unique("twice"))
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with torch._dynamo.config.patch(recompile_limit=0), pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        inductor._run(twice.name, torch.randn(3, 8))
