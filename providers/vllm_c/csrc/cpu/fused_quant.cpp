@@ -325,12 +325,6 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
       const T* gate = static_cast<const T*>(a.input) + a.input_rows.offset(r);
       const T* up = gate + d;
       const T* next = r + 1 < end ? static_cast<const T*>(a.input) + a.input_rows.offset(r + 1) : nullptr;
-      auto prefetch_next = [&](int64_t i) {  // step i of the next row's gate and up
-        if (next != nullptr) {
-          float_vec::prefetch_step<false>(next + i);
-          float_vec::prefetch_step<false>(next + d + i);
-        }
-      };
       int64_t i = 0;
 #if defined(CPU_CAPABILITY_AVX512)
       if (silu_table != nullptr && staged) {
@@ -338,7 +332,7 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
         // choices below made per element, it ran ~20% slower than that kernel).
         T* st = stage.data();
         for (; i + kStep <= body; i += kStep) {
-          prefetch_next(i);
+          act_vec::prefetch_halves_step(next, d, i);
           auto [s0, s1] = table16::lookup_float(silu_table, gate + i);
           auto [u0, u1] = load_float(up + i);
           store_float(st + i, s0 * u0, s1 * u1);
@@ -346,7 +340,7 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
       }
 #endif
       for (; i + kStep <= body; i += kStep) {
-        prefetch_next(i);
+        act_vec::prefetch_halves_step(next, d, i);
         auto [u0, u1] = load_float(up + i);
         fVec s0, s1;
 #if defined(CPU_CAPABILITY_AVX512)
