@@ -236,10 +236,10 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
         int64_t i = 0;
 #if defined(CPU_CAPABILITY_AVX512)
         if constexpr (TabulatedAct<Fn>::value && table16::kLooksUp<T>) {
-          const T* table = table16::tables_enabled() ? table16::table_of<T, typename TabulatedAct<Fn>::Act>() : nullptr;
-          for (; table != nullptr && i + kStep <= body; i += kStep) {
+          const table16::Reader<T, typename TabulatedAct<Fn>::Act> act;
+          for (; act && i + kStep <= body; i += kStep) {
             act_vec::prefetch_halves_step(next, d, i);
-            auto [a0, a1] = table16::lookup_float(table, gate + i);  // act(gate) rounded to T
+            auto [a0, a1] = act(gate + i);  // act(gate) rounded to T
             auto [u0, u1] = load_float(up + i);
             store_float(o + i, a0 * u0, a1 * u1);
           }

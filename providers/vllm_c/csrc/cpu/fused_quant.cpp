@@ -307,12 +307,9 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
   const int64_t body = d - d % act_vec::aten_step<T>();
   const float inv_scale = kGroup ? 0.0f : 1.0f / *a.scale;
   const float bound = fp8_bound(kFormat);
-  // silu of 16-bit gates looked up (table16.h), as the silu_and_mul kernel does.
-  [[maybe_unused]] const T* silu_table = nullptr;
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (table16::kLooksUp<T>) {
-    silu_table = table16::tables_enabled() ? table16::table_of<T, act_vec::Silu>() : nullptr;
-  }
+  // silu of 16-bit gates read from its table (table16.h), as the silu_and_mul kernel does.
+  const table16::Reader<T, act_vec::Silu> silu_table;
 #endif
   // bf16 keeps y in T (already rounded to it) for RowQuantizer's table (a row or a group).
   const bool staged = fp8_vec::RowQuantizer<kFormat, T>::by_table(kGroup ? a.group.size : d);
@@ -327,13 +324,13 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
       const T* next = r + 1 < end ? static_cast<const T*>(a.input) + a.input_rows.offset(r + 1) : nullptr;
       int64_t i = 0;
 #if defined(CPU_CAPABILITY_AVX512)
-      if (silu_table != nullptr && staged) {
+      if (silu_table && staged) {
         // The common case in a loop of its own, as the silu_and_mul kernel's (with the
         // choices below made per element, it ran ~20% slower than that kernel).
         T* st = stage.data();
         for (; i + kStep <= body; i += kStep) {
           act_vec::prefetch_halves_step(next, d, i);
-          auto [s0, s1] = table16::lookup_float(silu_table, gate + i);
+          auto [s0, s1] = silu_table(gate + i);
           auto [u0, u1] = load_float(up + i);
           store_float(st + i, s0 * u0, s1 * u1);
         }
@@ -344,8 +341,8 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
         auto [u0, u1] = load_float(up + i);
         fVec s0, s1;
 #if defined(CPU_CAPABILITY_AVX512)
-        if (silu_table != nullptr) {
-          std::tie(s0, s1) = table16::lookup_float(silu_table, gate + i);  // silu(gate) rounded to T
+        if (silu_table) {
+          std::tie(s0, s1) = silu_table(gate + i);  // silu(gate) rounded to T
         } else
 #endif
         {

@@ -14,6 +14,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -30,15 +31,19 @@ namespace table16 {
 using float_vec::fVec;
 using float_vec::kStep;
 
-// False when VLLM_IR_C_TABLES=0: kernels compute every element, here and in fp8_vec.h's FP8
-// encoding tables (a diagnostic switch, read once: differential tests and measurements compare
-// the two paths).
-inline bool tables_enabled() {
-  static const bool enabled = [] {
+// VLLM_IR_C_TABLES, read once (a diagnostic switch: differential tests and measurements
+// compare the paths): "0" makes kernels compute every element, here and in fp8_vec.h's FP8
+// encoding tables; "lookup" makes Reader look every step up (no computed table values).
+inline std::string_view tables_setting() {
+  static const std::string_view setting = [] {
     const char* v = std::getenv("VLLM_IR_C_TABLES");
-    return v == nullptr || std::string_view(v) != "0";
+    return std::string_view(v == nullptr ? "1" : v);
   }();
-  return enabled;
+  return setting;
+}
+
+inline bool tables_enabled() {
+  return tables_setting() != "0";
 }
 
 // Whether kernels for T may look values up here rather than compute them.
@@ -98,6 +103,78 @@ inline void lookup_store(const T* table, const T* x, T* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(e0));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm512_cvtepi32_epi16(e1));
 }
+
+// Reads table_of<T, Fn>() for steps of kStep inputs. Where Fn has a computed form of the
+// table's bf16 values (`static bool table_values(const BFloat16*, fVec&, fVec&)`, false for a
+// step it cannot vouch for) and that form gives the table's bits for every bf16 it accepts
+// (checked once per process, each value alone in a step), steps are computed and only the
+// declined ones looked up; otherwise (or with VLLM_IR_C_TABLES=lookup) every step is looked up.
+template <typename Fn, typename = void>
+struct HasTableValues : std::false_type {};
+template <typename Fn>
+struct HasTableValues<Fn, std::void_t<decltype(&Fn::table_values)>> : std::true_type {};
+
+template <typename T, typename Fn>
+bool computed_values_agree() {
+  static const bool agree = [] {
+    const T* table = table_of<T, Fn>();
+    alignas(64) uint16_t bits[kStep];
+    for (int32_t v = 0; v < 65536; ++v) {
+      std::fill(bits, bits + kStep, static_cast<uint16_t>(v));
+      fVec a0;
+      fVec a1;
+      if (!Fn::table_values(reinterpret_cast<const T*>(bits), a0, a1)) {
+        continue;
+      }
+      alignas(64) uint32_t lanes[kStep];
+      a0.store(lanes);
+      a1.store(lanes + fVec::size());
+      for (int64_t j = 0; j < kStep; ++j) {
+        if (lanes[j] != static_cast<uint32_t>(table[v].x) << 16) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }();
+  return agree;
+}
+
+template <typename T, typename Fn>
+class Reader {
+ public:
+  Reader() {
+    if constexpr (kLooksUp<T>) {
+      if (tables_enabled()) {
+        table_ = table_of<T, Fn>();
+        if constexpr (std::is_same_v<T, c10::BFloat16> && HasTableValues<Fn>::value) {
+          computed_ = tables_setting() != "lookup" && computed_values_agree<T, Fn>();
+        }
+      }
+    }
+  }
+
+  // False when VLLM_IR_C_TABLES=0 or T is not 16-bit: the caller computes every element.
+  explicit operator bool() const {
+    return table_ != nullptr;
+  }
+
+  // table[x[0:32]] widened to two fp32 vectors.
+  std::tuple<fVec, fVec> operator()(const T* x) const {
+    if constexpr (std::is_same_v<T, c10::BFloat16> && HasTableValues<Fn>::value) {
+      fVec a0;
+      fVec a1;
+      if (computed_ && Fn::table_values(x, a0, a1)) {
+        return {a0, a1};
+      }
+    }
+    return lookup_float(table_, x);
+  }
+
+ private:
+  const T* table_ = nullptr;
+  bool computed_ = false;
+};
 #endif
 
 }  // namespace table16
