@@ -53,10 +53,20 @@ void store_block(T* p, const Pair& v) {
 // their products and sums: a NaN among them is quiet with its payload in the upper half,
 // which this rounding keeps a NaN; a finite value rounds to infinity exactly where bf16 does.
 fVec round_to_bf16(const fVec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // bits + 0x7FFF, or + 0x8000 where the kept part is odd: a test into a mask and a masked add
+  // for the shift, mask and add (bf16 rope at [256, 32 x 128]: 104-105 -> 97-99 us).
+  const __m512i bits = _mm512_castps_si512(v);
+  const __mmask16 odd = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x10000));
+  const __m512i sum = _mm512_mask_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd, bits,
+                                            _mm512_set1_epi32(0x8000));
+  return _mm512_castsi512_ps(_mm512_and_si512(sum, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+#else
   using iVec = at::vec::Vectorized<int32_t>;
   const iVec bits = at::vec::cast<int32_t>(v);
   const iVec lsb = (bits >> iVec(16)) & iVec(1);
   return at::vec::cast<float>((bits + iVec(0x7FFF) + lsb) & iVec(static_cast<int32_t>(0xFFFF0000u)));
+#endif
 }
 
 // fp32 values rounded to T's precision.
