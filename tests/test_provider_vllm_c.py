@@ -911,9 +911,10 @@ torch.save(results, sys.argv[1])
 @needs_kernels
 def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_path):
     """Differential: AVX512 kernels look activations of bf16/fp16 values up in tables built by the
-    vector code, and compute bf16 silu's table values by a cheaper exp where that gives the
-    table's bits (steps it cannot vouch for are looked up); VLLM_IR_C_TABLES=lookup looks every
-    step up, =0 computes every element by the vector code. Same bits, every value, all three."""
+    vector code, and compute the exp-based ones' bf16 table values (silu, gelu_new, gelu_fast,
+    quick_gelu) by a cheaper exp where that gives the table's bits (steps it cannot vouch for
+    are looked up); VLLM_IR_C_TABLES=lookup looks every step up, =0 computes every element by
+    the vector code. Same bits, every value, all three."""
     if provider.cpu_capability() not in ("AVX512", "AVX512_BF16"):
         pytest.skip(f"{provider.cpu_capability()} kernels compute: no tables to compare")
     paths = {}

@@ -45,40 +45,77 @@ inline int64_t aten_step() {
   return 2 * bytes / static_cast<int64_t>(sizeof(T));
 }
 
-inline fVec silu(const fVec& x) {
-  return x / (fVec(1.0f) + x.neg().exp());
+// e^z as ATen's vector code computes it (Sleef); exp_fast below is the cheaper one that
+// computed table values use. The exp-based activations take either, so that the rest of
+// their math is the same instructions both ways.
+struct AtenExp {
+  fVec operator()(const fVec& z) const {
+    return z.exp();
+  }
+};
+
+template <typename Exp = AtenExp>
+inline fVec silu(const fVec& x, const Exp& exp = {}) {
+  return x / (fVec(1.0f) + exp(x.neg()));
 }
 inline float silu(float x) {
   return x / (1.0f + std::exp(-x));
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// silu(x) rounded to bf16 (in fp32 lanes) by a cheaper exp than ATen's: Cody-Waite reduction,
-// a degree-6 polynomial (about 1 fp32 ulp) and one division. The fp32 result is then within a
-// few ulp of the vector form's, so both round to the same bf16 unless it lies within kMargin
-// ulp of a rounding midpoint: `near` flags those lanes (as the even 16-bit lanes of a mask),
-// and the rounding, half up, is exact for every other lane. Valid for |x| < 64 (the caller
-// sends larger, inf and NaN elsewhere).
-inline fVec silu_bf16_fast(const __m512 x, __mmask32& near) {
-  constexpr int32_t kMargin = 8;
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(-1.44269504088896341f)),
+// Computed table values (table16::Reader): the exp-based activations' fp32 math with a cheaper
+// exp than ATen's (Sleef's), whose results are then within a few fp32 ulp of the vector form's,
+// so both round to the same bf16 except near a rounding midpoint.
+
+// e^z for |z| < 87: Cody-Waite reduction to |s| <= ln2 / 2 and a degree-6 Taylor polynomial
+// (about 1 fp32 ulp).
+inline fVec exp_fast(const fVec& z) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(z, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 s = _mm512_fmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // x + n ln2 = -(-x - n ln2)
-  s = _mm512_fmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), s);
-  __m512 p = _mm512_set1_ps(1.0f / 720);  // exp(-s), |s| <= ln2 / 2: Taylor to s^6
-  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-1.0f / 120));
+  __m512 s = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), z);  // z - n ln2, ln2 in two parts
+  s = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), s);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.0f / 120));
   p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-1.0f / 6));
+  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.0f / 6));
   p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-1.0f));
   p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.0f));
-  const __m512 e = _mm512_scalef_ps(p, n);
-  const __m512i y = _mm512_castps_si512(_mm512_div_ps(x, _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// y rounded to bf16 (in fp32 lanes), exact for every lane whose value lies more than kMargin
+// ulp from a rounding midpoint (there, rounding half up is rounding to nearest even); `near`
+// flags the others, as the even 16-bit lanes of a mask.
+inline fVec round_bf16_unless_near(const fVec& y, __mmask32& near) {
+  constexpr int32_t kMargin = 8;
   // t's low half is y's plus 0x8000 + kMargin: at most 2 kMargin near a midpoint, and where it
   // is not, t carries into the high half exactly when y rounds up.
-  const __m512i t = _mm512_add_epi32(y, _mm512_set1_epi32(0x8000 + kMargin));
+  const __m512i t = _mm512_add_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x8000 + kMargin));
   near = _mm512_mask_cmple_epu16_mask(0x55555555u, t, _mm512_set1_epi16(2 * kMargin));
   return _mm512_castsi512_ps(_mm512_and_si512(t, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+}
+
+struct FastExp {
+  fVec operator()(const fVec& z) const {
+    return exp_fast(z);
+  }
+};
+
+// A table's values for bf16 x[0:32] by `f` (fp32 math with exp_fast) into a0, a1: false where
+// a lane's magnitude is not below `limit` (bf16 bits; inf and NaN never are) or its value is
+// near a rounding midpoint.
+template <typename F>
+inline bool table_values_by(const c10::BFloat16* x, uint16_t limit, const F& f, fVec& a0, fVec& a1) {
+  const __m512i w = _mm512_loadu_si512(x);
+  const __mmask32 big = _mm512_cmpge_epu16_mask(_mm512_and_si512(w, _mm512_set1_epi16(0x7FFF)),
+                                                _mm512_set1_epi16(static_cast<int16_t>(limit)));
+  auto [x0, x1] = float_vec::widen<c10::BFloat16>(at::vec::Vectorized<c10::BFloat16>(w));
+  __mmask32 near0;
+  __mmask32 near1;
+  a0 = round_bf16_unless_near(f(x0), near0);
+  a1 = round_bf16_unless_near(f(x1), near1);
+  return (big | near0 | near1) == 0;
 }
 #endif
 
@@ -92,21 +129,12 @@ struct Silu {
     return silu(x);
   }
 #if defined(CPU_CAPABILITY_AVX512)
-  // The table's values for x[0:32] (silu rounded to bf16) into a0, a1, computed; false where
-  // the computation cannot vouch for a lane (|x| >= 64, inf, NaN, a value near a rounding
-  // midpoint), and table16::Reader then looks the step up. The Reader also checks, once, that
-  // this gives the table's bits for every bf16 it accepts. About 1.45x fewer cycles than the
-  // two gathers of a lookup (a C++ micro-benchmark: 18 vs 26 cycles per 32 lanes).
+  // The table's values for x[0:32] (silu rounded to bf16), computed, for |x| < 64; false where
+  // table16::Reader looks the step up. The Reader also checks, once, that this gives the
+  // table's bits for every bf16 it accepts. About 1.45x fewer cycles than the two gathers of a
+  // lookup (a C++ micro-benchmark: 18 vs 26 cycles per 32 lanes).
   static bool table_values(const c10::BFloat16* x, fVec& a0, fVec& a1) {
-    const __m512i w = _mm512_loadu_si512(x);
-    const __mmask32 big = _mm512_cmpge_epu16_mask(_mm512_and_si512(w, _mm512_set1_epi16(0x7FFF)),
-                                                  _mm512_set1_epi16(0x4280));  // 64.0
-    auto [x0, x1] = float_vec::widen<c10::BFloat16>(at::vec::Vectorized<c10::BFloat16>(w));
-    __mmask32 near0;
-    __mmask32 near1;
-    a0 = silu_bf16_fast(x0, near0);
-    a1 = silu_bf16_fast(x1, near1);
-    return (big | near0 | near1) == 0;
+    return table_values_by(x, 0x4280, [](const fVec& v) { return silu(v, FastExp{}); }, a0, a1);
   }
 #endif
 };

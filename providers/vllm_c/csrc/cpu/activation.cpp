@@ -300,29 +300,64 @@ void gated_kernel(const GatedArgs& a) {
 
 const float kSqrt2OverPi = static_cast<float>(std::sqrt(2.0 / M_PI));
 
-inline fVec x_sigmoid_2u(const fVec& x, const fVec& u) {
-  return x / (fVec(1.0f) + (u * fVec(-2.0f)).exp());
+template <typename Exp>
+inline fVec x_sigmoid_2u(const fVec& x, const fVec& u, const Exp& exp) {
+  return x / (fVec(1.0f) + exp(u * fVec(-2.0f)));
 }
+
+// Each of the three below: math(x, exp) with ATen's exp is the vector form; with AVX512, bf16
+// table values are computed by it with act_vec::exp_fast (act_vec.h; table16::Reader checks
+// them against the table once) for |x| below `kFastBelow` (bf16 bits), where e^z stays in range.
 
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): u in the declaration's order of operations.
 struct GeluNew {
-  fVec operator()(const fVec& x) const {
-    return x_sigmoid_2u(x, fVec(kSqrt2OverPi) * (x + fVec(kGeluKappa) * (x * x * x)));
+  template <typename Exp>
+  static fVec math(const fVec& x, const Exp& exp) {
+    return x_sigmoid_2u(x, fVec(kSqrt2OverPi) * (x + fVec(kGeluKappa) * (x * x * x)), exp);
   }
+  static constexpr uint16_t kFastBelow = 0x4100;  // 8
+  fVec operator()(const fVec& x) const {
+    return math(x, act_vec::AtenExp{});
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  static bool table_values(const c10::BFloat16* x, fVec& a0, fVec& a1) {
+    return act_vec::table_values_by(x, kFastBelow, [](const fVec& v) { return math(v, act_vec::FastExp{}); }, a0, a1);
+  }
+#endif
 };
 
 // 0.5 x (1 + tanh(x 0.7978845608 (1 + 0.044715 x x))).
 struct GeluFast {
-  fVec operator()(const fVec& x) const {
-    return x_sigmoid_2u(x, x * fVec(static_cast<float>(0.7978845608)) * (fVec(1.0f) + fVec(kGeluKappa) * x * x));
+  template <typename Exp>
+  static fVec math(const fVec& x, const Exp& exp) {
+    return x_sigmoid_2u(x, x * fVec(static_cast<float>(0.7978845608)) * (fVec(1.0f) + fVec(kGeluKappa) * x * x), exp);
   }
+  static constexpr uint16_t kFastBelow = 0x4100;  // 8
+  fVec operator()(const fVec& x) const {
+    return math(x, act_vec::AtenExp{});
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  static bool table_values(const c10::BFloat16* x, fVec& a0, fVec& a1) {
+    return act_vec::table_values_by(x, kFastBelow, [](const fVec& v) { return math(v, act_vec::FastExp{}); }, a0, a1);
+  }
+#endif
 };
 
 // x sigmoid(1.702 x).
 struct QuickGelu {
-  fVec operator()(const fVec& x) const {
-    return x * sigmoid(fVec(static_cast<float>(1.702)) * x);
+  template <typename Exp>
+  static fVec math(const fVec& x, const Exp& exp) {
+    return x * (fVec(1.0f) + exp((fVec(static_cast<float>(1.702)) * x).neg())).reciprocal();
   }
+  static constexpr uint16_t kFastBelow = 0x4200;  // 32
+  fVec operator()(const fVec& x) const {
+    return math(x, act_vec::AtenExp{});
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  static bool table_values(const c10::BFloat16* x, fVec& a0, fVec& a1) {
+    return act_vec::table_values_by(x, kFastBelow, [](const fVec& v) { return math(v, act_vec::FastExp{}); }, a0, a1);
+  }
+#endif
 };
 
 // relu(x)^2; NaN stays NaN.
@@ -341,20 +376,18 @@ template <typename T, typename Fn>
 void elementwise_flat(const ElementwiseArgs& a, const Fn& fn) {
   const T* input = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.out);
-  const T* table = nullptr;
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (kTabulated<Fn> && table16::kLooksUp<T>) {
-    table = table16::tables_enabled() ? table16::table_of<T, Fn>() : nullptr;
-  }
+  // Relu2 has no table (std::false_type: never read).
+  const std::conditional_t<kTabulated<Fn>, table16::Reader<T, Fn>, std::false_type> table{};
 #endif
   // Chunks of whole steps: only the last chunk has a partial one.
   const int64_t grain = (kMinElementsPerTask + kStep - 1) / kStep;
   at::parallel_for(0, (a.n + kStep - 1) / kStep, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin * kStep; i < std::min(end * kStep, a.n); i += kStep) {
 #if defined(CPU_CAPABILITY_AVX512)
-      if constexpr (table16::kLooksUp<T>) {
-        if (table != nullptr && C10_LIKELY(i + kStep <= a.n)) {
-          table16::lookup_store(table, input + i, out + i);
+      if constexpr (table16::kLooksUp<T> && kTabulated<Fn>) {
+        if (table && C10_LIKELY(i + kStep <= a.n)) {
+          table.store(input + i, out + i);
           continue;
         }
       }

@@ -171,6 +171,23 @@ class Reader {
     return lookup_float(table_, x);
   }
 
+  // out[0:32] = table[x[0:32]].
+  void store(const T* x, T* out) const {
+    if constexpr (std::is_same_v<T, c10::BFloat16> && HasTableValues<Fn>::value) {
+      fVec a0;
+      fVec a1;
+      if (computed_ && Fn::table_values(x, a0, a1)) {
+        // The values are bf16 already: their high halves, packed (no rounding, so no flushing).
+        const __m512i high_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31,
+                                                     29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        _mm512_storeu_si512(out, _mm512_permutex2var_epi16(_mm512_castps_si512(a0), high_halves,
+                                                           _mm512_castps_si512(a1)));
+        return;
+      }
+    }
+    lookup_store(table_, x, out);
+  }
+
  private:
   const T* table_ = nullptr;
   bool computed_ = false;
