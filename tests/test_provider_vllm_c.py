@@ -901,6 +901,12 @@ for dtype in (torch.bfloat16, torch.float16):
         out = torch.empty_like(x)
         getattr(torch.ops.vllm_ir_c, name)(out, x)
         results[f"{name} {dtype}"] = out
+    # Its sigmoid's argument is round(min(gate, limit) * alpha): every value with (1, inf).
+    interleaved = torch.stack([x, torch.full_like(x, 1.5)], dim=-1).reshape(1, -1)
+    for args in ((1.0, float("inf")), (1.702, 7.0)):
+        out = torch.empty_like(x)
+        torch.ops.vllm_ir_c.swigluoai_and_mul(out, interleaved, *args)
+        results[f"swigluoai_and_mul{args} {dtype}"] = out
     q = torch.empty(1, 2**16 // 2, dtype=torch.float8_e4m3fn)
     torch.ops.vllm_ir_c.silu_and_mul_static_fp8_quant(q, gated[:, ::2].contiguous(), torch.tensor([0.05]))
     results[f"silu_and_mul_static_fp8_quant {dtype}"] = q.view(torch.uint8)
@@ -912,7 +918,7 @@ torch.save(results, sys.argv[1])
 def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_path):
     """Differential: AVX512 kernels look activations of bf16/fp16 values up in tables built by the
     vector code, and compute the exp-based ones' bf16 table values (silu, gelu_new, gelu_fast,
-    quick_gelu) by a cheaper exp where that gives the table's bits (steps it cannot vouch for
+    quick_gelu, swigluoai's sigmoid) by a cheaper exp where that gives the table's bits (steps it cannot vouch for
     are looked up); VLLM_IR_C_TABLES=lookup looks every step up, =0 computes every element by
     the vector code. Same bits, every value, all three."""
     if provider.cpu_capability() not in ("AVX512", "AVX512_BF16"):
@@ -930,7 +936,7 @@ def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_pa
         )
         assert done.returncode == 0, done.stderr[-3000:]
     computed = torch.load(paths["0"])
-    assert len(computed) == 16
+    assert len(computed) == 20
     for tables in ("1", "lookup"):
         by_tables = torch.load(paths[tables])
         assert by_tables.keys() == computed.keys()

@@ -102,6 +102,16 @@ struct FastExp {
   }
 };
 
+// f(x0), f(x1) rounded to bf16 into a0, a1: false where a lane's value is near a rounding midpoint.
+template <typename F>
+inline bool rounded_unless_near(const fVec& x0, const fVec& x1, const F& f, fVec& a0, fVec& a1) {
+  __mmask32 near0;
+  __mmask32 near1;
+  a0 = round_bf16_unless_near(f(x0), near0);
+  a1 = round_bf16_unless_near(f(x1), near1);
+  return (near0 | near1) == 0;
+}
+
 // A table's values for bf16 x[0:32] by `f` (fp32 math with exp_fast) into a0, a1: false where
 // a lane's magnitude is not below `limit` (bf16 bits; inf and NaN never are) or its value is
 // near a rounding midpoint.
@@ -111,11 +121,17 @@ inline bool table_values_by(const c10::BFloat16* x, uint16_t limit, const F& f, 
   const __mmask32 big = _mm512_cmpge_epu16_mask(_mm512_and_si512(w, _mm512_set1_epi16(0x7FFF)),
                                                 _mm512_set1_epi16(static_cast<int16_t>(limit)));
   auto [x0, x1] = float_vec::widen<c10::BFloat16>(at::vec::Vectorized<c10::BFloat16>(w));
-  __mmask32 near0;
-  __mmask32 near1;
-  a0 = round_bf16_unless_near(f(x0), near0);
-  a1 = round_bf16_unless_near(f(x1), near1);
-  return (big | near0 | near1) == 0;
+  return rounded_unless_near(x0, x1, f, a0, a1) && big == 0;
+}
+
+// The same for bf16 values in fp32 lanes (x0, x1).
+template <typename F>
+inline bool lane_values_by(const fVec& x0, const fVec& x1, uint16_t limit, const F& f, fVec& a0, fVec& a1) {
+  const __m512 bound = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int32_t>(uint32_t{limit} << 16)));
+  const auto big = [&](const fVec& v) {  // |v| >= bound, or NaN
+    return _mm512_cmp_ps_mask(_mm512_abs_ps(v), bound, _CMP_NLT_UQ);
+  };
+  return rounded_unless_near(x0, x1, f, a0, a1) && (big(x0) | big(x1)) == 0;
 }
 #endif
 

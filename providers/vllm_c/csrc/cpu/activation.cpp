@@ -64,12 +64,27 @@ using act_vec::aten_step;  // ATen's split between its vector and scalar forms
 
 using act_vec::silu;
 
-inline fVec sigmoid(const fVec& x) {
-  return (fVec(1.0f) + x.neg().exp()).reciprocal();
-}
-inline float sigmoid(float x) {
-  return 1.0f / (1.0f + std::exp(-x));
-}
+// torch.sigmoid: 1 / (1 + exp(-x)). As a functor, its table (table16.h) serves swigluoai_and_mul,
+// whose sigmoid input is rounded to x's dtype: a 16-bit value.
+struct Sigmoid {
+  template <typename Exp>
+  static fVec math(const fVec& x, const Exp& exp) {
+    return (fVec(1.0f) + exp(x.neg())).reciprocal();
+  }
+  fVec operator()(const fVec& x) const {
+    return math(x, act_vec::AtenExp{});
+  }
+  float operator()(float x) const {
+    return 1.0f / (1.0f + std::exp(-x));
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  // Computed with exp_fast for |x| < 64 (bf16 0x4280): e^-x in range.
+  static bool lane_values(const fVec& x0, const fVec& x1, fVec& a0, fVec& a1) {
+    return act_vec::lane_values_by(x0, x1, 0x4280, [](const fVec& v) { return math(v, act_vec::FastExp{}); }, a0,
+                                   a1);
+  }
+#endif
+};
 
 // F.gelu(approximate="none"): x * 0.5 * (1 + erf(x / sqrt(2))).
 const float kSqrtHalf = static_cast<float>(M_SQRT1_2);
@@ -145,13 +160,34 @@ struct FatreluFn {
   }
 };
 
+// sigmoid(z) rounded to T, for z holding T values: looked up (or computed table values) for
+// 16-bit T with AVX512, computed otherwise.
+template <typename T>
+struct RoundedSigmoid {
+#if defined(CPU_CAPABILITY_AVX512)
+  std::conditional_t<table16::kLooksUp<T>, table16::Reader<T, Sigmoid>, std::false_type> table{};
+#endif
+  Pair operator()(const fVec& z0, const fVec& z1) const {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (table16::kLooksUp<T>) {
+      if (table) {
+        return table.values(z0, z1);
+      }
+    }
+#endif
+    return round_float<T>(Sigmoid{}(z0), Sigmoid{}(z1));
+  }
+};
+
 // GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * (g * sigmoid(g * alpha)),
 // each step rounded to T (native computes it op by op in x's dtype). NaN propagates.
+template <typename T>
 struct SwigluOai {
   float alpha;
   float limit;
+  RoundedSigmoid<T> sigmoid{};
 
-  template <typename T>
+  template <typename>  // T, as gated_rows calls it
   Pair vec(const Pair& gate, const Pair& up) const {
     const fVec lim(limit);
     const fVec neg_lim(-limit);
@@ -161,19 +197,19 @@ struct SwigluOai {
     auto [u0, u1] = round_float<T>(at::vec::clamp(std::get<0>(up), neg_lim, lim),
                                    at::vec::clamp(std::get<1>(up), neg_lim, lim));
     auto [z0, z1] = round_float<T>(g0 * fVec(alpha), g1 * fVec(alpha));
-    auto [s0, s1] = round_float<T>(sigmoid(z0), sigmoid(z1));
+    auto [s0, s1] = sigmoid(z0, z1);
     auto [glu0, glu1] = round_float<T>(g0 * s0, g1 * s1);
     auto [v0, v1] = round_float<T>(u0 + one, u1 + one);
     return {v0 * glu0, v1 * glu1};
   }
-  template <typename T>
+  template <typename>
   T scalar(T gate, T up) const {
     const auto r = [](float v) { return static_cast<float>(static_cast<T>(v)); };
     const float gf = static_cast<float>(gate);
     const float uf = static_cast<float>(up);
     const float g = r(std::isnan(gf) ? gf : std::min(gf, limit));
     const float u = r(std::isnan(uf) ? uf : std::min(std::max(uf, -limit), limit));
-    const float glu = r(g * r(sigmoid(r(g * alpha))));
+    const float glu = r(g * r(Sigmoid{}(r(g * alpha))));
     return static_cast<T>(r(u + 1.0f) * glu);
   }
 };
@@ -278,7 +314,7 @@ void gated_kernel_for(const GatedArgs& a) {
     case GatedKind::kFatreluAndMul:
       return gated_rows<T, Halves::kGateFirst>(a, ActTimesUp<FatreluFn>{FatreluFn{a.p0}});
     case GatedKind::kSwigluoaiAndMul:
-      return gated_rows<T, Halves::kInterleaved>(a, SwigluOai{a.p0, a.p1});
+      return gated_rows<T, Halves::kInterleaved>(a, SwigluOai<T>{a.p0, a.p1});
   }
 }
 

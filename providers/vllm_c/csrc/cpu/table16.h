@@ -85,15 +85,21 @@ inline std::tuple<__m512i, __m512i> gather(const T* table, const T* x) {
   return {_mm512_i32gather_epi32(i0, table, 2), _mm512_i32gather_epi32(i1, table, 2)};
 }
 
+// A gathered entry (the low half of a 32-bit lane) widened to fp32.
+template <typename T>
+inline fVec entry_float(const __m512i& e) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 16));
+  } else {
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(e));
+  }
+}
+
 // table[x[0:32]] widened to two fp32 vectors (one kStep, as load_float gives it).
 template <typename T>
 inline std::tuple<fVec, fVec> lookup_float(const T* table, const T* x) {
   auto [e0, e1] = gather(table, x);
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return {_mm512_castsi512_ps(_mm512_slli_epi32(e0, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(e1, 16))};
-  } else {
-    return {_mm512_cvtph_ps(_mm512_cvtepi32_epi16(e0)), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(e1))};
-  }
+  return {entry_float<T>(e0), entry_float<T>(e1)};
 }
 
 // out[0:32] = table[x[0:32]].
@@ -104,33 +110,50 @@ inline void lookup_store(const T* table, const T* x, T* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm512_cvtepi32_epi16(e1));
 }
 
-// Reads table_of<T, Fn>() for steps of kStep inputs. Where Fn has a computed form of the
-// table's bf16 values (`static bool table_values(const BFloat16*, fVec&, fVec&)`, false for a
-// step it cannot vouch for) and that form gives the table's bits for every bf16 it accepts
-// (checked once per process, each value alone in a step), steps are computed and only the
-// declined ones looked up; otherwise (or with VLLM_IR_C_TABLES=lookup) every step is looked up.
+// Reads table_of<T, Fn>() for steps of kStep inputs, given in memory (`operator()`, `store`) or
+// as fp32 lanes holding T values (`values`). Where Fn has a computed form of the table's bf16
+// values, steps are computed and only the declined ones looked up; otherwise (or with
+// VLLM_IR_C_TABLES=lookup) every step is looked up. The computed forms, each false for a step
+// it cannot vouch for:
+//   `static bool table_values(const BFloat16* x, fVec& a0, fVec& a1)` for inputs in memory,
+//   `static bool lane_values(const fVec& x0, const fVec& x1, fVec& a0, fVec& a1)` for lanes;
+// each must give the table's bits for every bf16 it accepts (checked once per process, each
+// value alone in a step, before any is used).
 template <typename Fn, typename = void>
 struct HasTableValues : std::false_type {};
 template <typename Fn>
 struct HasTableValues<Fn, std::void_t<decltype(&Fn::table_values)>> : std::true_type {};
+template <typename Fn, typename = void>
+struct HasLaneValues : std::false_type {};
+template <typename Fn>
+struct HasLaneValues<Fn, std::void_t<decltype(&Fn::lane_values)>> : std::true_type {};
 
+// Whether every computed form Fn has gives the table's bits for every bf16 value it accepts.
 template <typename T, typename Fn>
 bool computed_values_agree() {
   static const bool agree = [] {
     const T* table = table_of<T, Fn>();
     alignas(64) uint16_t bits[kStep];
-    for (int32_t v = 0; v < 65536; ++v) {
-      std::fill(bits, bits + kStep, static_cast<uint16_t>(v));
-      fVec a0;
-      fVec a1;
-      if (!Fn::table_values(reinterpret_cast<const T*>(bits), a0, a1)) {
-        continue;
-      }
+    const auto matches = [&](int32_t v, const fVec& a0, const fVec& a1) {
       alignas(64) uint32_t lanes[kStep];
       a0.store(lanes);
       a1.store(lanes + fVec::size());
-      for (int64_t j = 0; j < kStep; ++j) {
-        if (lanes[j] != static_cast<uint32_t>(table[v].x) << 16) {
+      return std::all_of(lanes, lanes + kStep,
+                         [&](uint32_t lane) { return lane == static_cast<uint32_t>(table[v].x) << 16; });
+    };
+    for (int32_t v = 0; v < 65536; ++v) {
+      std::fill(bits, bits + kStep, static_cast<uint16_t>(v));
+      const T* x = reinterpret_cast<const T*>(bits);
+      fVec a0;
+      fVec a1;
+      if constexpr (HasTableValues<Fn>::value) {
+        if (Fn::table_values(x, a0, a1) && !matches(v, a0, a1)) {
+          return false;
+        }
+      }
+      if constexpr (HasLaneValues<Fn>::value) {
+        auto [x0, x1] = float_vec::load_float(x);
+        if (Fn::lane_values(x0, x1, a0, a1) && !matches(v, a0, a1)) {
           return false;
         }
       }
@@ -140,6 +163,18 @@ bool computed_values_agree() {
   return agree;
 }
 
+// table[x] for fp32 lanes x holding T values (16 lanes): the 32-bit lane whose low half holds it.
+template <typename T>
+inline __m512i gather_lanes(const T* table, const fVec& x) {
+  __m512i index;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    index = _mm512_srli_epi32(_mm512_castps_si512(x), 16);
+  } else {  // exact: x holds fp16 values
+    index = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  return _mm512_i32gather_epi32(index, table, 2);
+}
+
 template <typename T, typename Fn>
 class Reader {
  public:
@@ -147,7 +182,7 @@ class Reader {
     if constexpr (kLooksUp<T>) {
       if (tables_enabled()) {
         table_ = table_of<T, Fn>();
-        if constexpr (std::is_same_v<T, c10::BFloat16> && HasTableValues<Fn>::value) {
+        if constexpr (std::is_same_v<T, c10::BFloat16> && (HasTableValues<Fn>::value || HasLaneValues<Fn>::value)) {
           computed_ = tables_setting() != "lookup" && computed_values_agree<T, Fn>();
         }
       }
@@ -169,6 +204,18 @@ class Reader {
       }
     }
     return lookup_float(table_, x);
+  }
+
+  // table[x0, x1] for fp32 lanes holding T values (32 of them, as load_float gives them).
+  std::tuple<fVec, fVec> values(const fVec& x0, const fVec& x1) const {
+    if constexpr (std::is_same_v<T, c10::BFloat16> && HasLaneValues<Fn>::value) {
+      fVec a0;
+      fVec a1;
+      if (computed_ && Fn::lane_values(x0, x1, a0, a1)) {
+        return {a0, a1};
+      }
+    }
+    return {entry_float<T>(gather_lanes(table_, x0)), entry_float<T>(gather_lanes(table_, x1))};
   }
 
   // out[0:32] = table[x[0:32]].
