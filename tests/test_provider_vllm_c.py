@@ -764,6 +764,36 @@ def test_swigluoai_clamps_gate_above_and_up_both_ways(dtype, alpha, limit):
     torch.testing.assert_close(got[0, 0], expected, atol=atol, rtol=rtol)
 
 
+def _swigluoai_unrounded_limit(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """swigluoai_and_mul rounding every step to x's dtype but the clamps (a kernel that would
+    skip their rounding for any limit)."""
+    r = lambda v: v.to(x.dtype).float()  # noqa: E731
+    gate, up = x[..., ::2].float(), x[..., 1::2].float()
+    g, u = gate.clamp(max=limit), up.clamp(-limit, limit)
+    glu = r(g * r(torch.sigmoid(r(g * alpha))))
+    return (r(u + 1) * glu).to(x.dtype)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("limit", [7.0, 7.327, 2.007])
+def test_swigluoai_rounds_a_limit_its_dtype_cannot_hold_like_native(dtype, limit):
+    """The clamps skip their rounding only where the limit is a value of x's dtype (7.0): a
+    clamped 7.327 is rounded to x's dtype before alpha, the sigmoid and the product see it. Rows
+    of whole vector steps: native's vector form throughout, so the bits are native's."""
+    g = torch.Generator().manual_seed(2)
+    gate = limit + 2 * torch.rand(2, 64, generator=g) - 0.5  # most above the limit
+    up = 3 * limit * torch.randn(2, 64, generator=g)  # many beyond +-limit
+    x = torch.stack([gate, up], dim=-1).reshape(2, 128).to(dtype)
+    op = vllm_ir.ops.swigluoai_and_mul
+    told_apart = False  # by some alpha, from a kernel skipping the clamps' rounding
+    for alpha in (1.702, 0.3, 0.05):
+        got, want = _with_vllm_c(op, (x, alpha, limit)), op.fn(x, alpha, limit)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), alpha
+        told_apart |= not torch.equal(_swigluoai_unrounded_limit(x, alpha, limit), want)
+    assert told_apart == (limit != 7.0)
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_elementwise_activations_take_any_shape_and_layout(dtype):

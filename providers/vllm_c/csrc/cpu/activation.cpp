@@ -186,16 +186,22 @@ struct SwigluOai {
   float alpha;
   float limit;
   RoundedSigmoid<T> sigmoid{};
+  // A T value: then clamping T values to it gives T values (NaN aside), with no rounding.
+  bool limit_is_t = static_cast<float>(static_cast<T>(limit)) == limit;
 
   template <typename>  // T, as gated_rows calls it
   Pair vec(const Pair& gate, const Pair& up) const {
     const fVec lim(limit);
     const fVec neg_lim(-limit);
     const fVec one(1.0f);
-    auto [g0, g1] = round_float<T>(at::vec::clamp_max(std::get<0>(gate), lim),
-                                   at::vec::clamp_max(std::get<1>(gate), lim));
-    auto [u0, u1] = round_float<T>(at::vec::clamp(std::get<0>(up), neg_lim, lim),
-                                   at::vec::clamp(std::get<1>(up), neg_lim, lim));
+    Pair g{at::vec::clamp_max(std::get<0>(gate), lim), at::vec::clamp_max(std::get<1>(gate), lim)};
+    Pair u{at::vec::clamp(std::get<0>(up), neg_lim, lim), at::vec::clamp(std::get<1>(up), neg_lim, lim)};
+    if (!limit_is_t) {
+      g = round_float<T>(std::get<0>(g), std::get<1>(g));
+      u = round_float<T>(std::get<0>(u), std::get<1>(u));
+    }
+    auto [g0, g1] = g;
+    auto [u0, u1] = u;
     auto [z0, z1] = round_float<T>(g0 * fVec(alpha), g1 * fVec(alpha));
     auto [s0, s1] = sigmoid(z0, z1);
     auto [glu0, glu1] = round_float<T>(g0 * s0, g1 * s1);
