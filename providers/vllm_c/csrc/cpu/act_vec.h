@@ -13,14 +13,18 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <type_traits>
 
 #include "float_vec.h"
+#include "table16.h"
 
 namespace vllm_ir_c {
 namespace CPU_CAPABILITY {
 namespace act_vec {
 
 using fVec = at::vec::Vectorized<float>;
+using float_vec::kStep;
 
 // ATen's vectorized loop runs its vector form while two Vectorized<T> fit (per row of a
 // strided gate): the remainder, shorter than that, takes its scalar form. Two Vectorized<T>
@@ -163,6 +167,99 @@ inline void prefetch_halves_step(const T* row, int64_t d, int64_t i) {
   if (row != nullptr) {
     float_vec::prefetch_step<false>(row + i);
     float_vec::prefetch_step<false>(row + d + i);
+  }
+}
+
+// act(gate) rounded to T, times up (rounded to T by whoever stores it): a gated op's vector
+// form, vec<T>, on one step (two fp32 vectors each way) and its scalar form, scalar<T>, on one
+// element; both round where native does (F.silu and friends, then the product in x's dtype).
+template <typename Act>
+struct ActTimesUp {
+  Act act;
+
+  template <typename T>
+  std::tuple<fVec, fVec> vec(const std::tuple<fVec, fVec>& gate, const std::tuple<fVec, fVec>& up) const {
+    auto [a0, a1] = float_vec::round_float<T>(act(std::get<0>(gate)), act(std::get<1>(gate)));
+    return {a0 * std::get<0>(up), a1 * std::get<1>(up)};
+  }
+  template <typename T>
+  T scalar(T gate, T up) const {
+    const T a = static_cast<T>(act(static_cast<float>(gate)));
+    return static_cast<T>(static_cast<float>(a) * static_cast<float>(up));
+  }
+};
+
+// act's table16 table for 16-bit T with AVX512 (see table16::Reader), else nothing.
+template <typename T, typename Act>
+#if defined(CPU_CAPABILITY_AVX512)
+using TableOf = std::conditional_t<table16::kLooksUp<T>, table16::Reader<T, Act>, std::false_type>;
+#else
+using TableOf = std::false_type;
+#endif
+
+// Where a gated row's results go: `step` takes kStep of them (fp32 lanes to be rounded to T),
+// `partial` the first `count`, `scalar` one element already in T.
+template <typename T>
+struct StoreRow {  // into a row of T (rounded by the store)
+  T* out;
+  void step(int64_t i, const fVec& y0, const fVec& y1) const {
+    float_vec::store_float(out + i, y0, y1);
+  }
+  void partial(int64_t i, const fVec& y0, const fVec& y1, int64_t count) const {
+    float_vec::store_float(out + i, y0, y1, count);
+  }
+  void scalar(int64_t i, T y) const {
+    out[i] = y;
+  }
+};
+
+template <typename T>
+struct StoreRowFp32 {  // rounded to T, kept in fp32 (a row buffer for fp32 consumers)
+  float* out;
+  void step(int64_t i, const fVec& y0, const fVec& y1) const {
+    auto [r0, r1] = float_vec::round_float<T>(y0, y1);
+    r0.store(out + i);
+    r1.store(out + i + fVec::size());
+  }
+  void partial(int64_t i, const fVec& y0, const fVec& y1, int64_t count) const {
+    auto [r0, r1] = float_vec::round_float<T>(y0, y1);
+    float_vec::store_float(out + i, r0, r1, count);
+  }
+  void scalar(int64_t i, T y) const {
+    out[i] = static_cast<float>(y);
+  }
+};
+
+// One row of a gated op whose gate and up are halves (`gate`, `up`, d elements each), as
+// native computes it: `fn`'s vector form on whole steps of `body` (ATen's vector part of the
+// row, see aten_step), a partial step where ATen's vectors are narrower than ours, its scalar
+// form on the rest. `table` (TableOf<T, act>, may be unusable) looks the activation up on
+// whole steps. Asks for the next row's steps meanwhile (`next`: its gate, or null).
+template <typename T, typename Fn, typename Table, typename Sink>
+inline void gated_halves_row(const Fn& fn, const Table& table, const T* gate, const T* up, const T* next, int64_t d,
+                             int64_t body, const Sink& sink) {
+  int64_t i = 0;
+  if constexpr (!std::is_same_v<Table, std::false_type>) {
+    for (; table && i + kStep <= body; i += kStep) {
+      prefetch_halves_step(next, d, i);
+      auto [a0, a1] = table(gate + i);  // act(gate) rounded to T
+      auto [u0, u1] = float_vec::load_float(up + i);
+      sink.step(i, a0 * u0, a1 * u1);
+    }
+  }
+  for (; i + kStep <= body; i += kStep) {
+    prefetch_halves_step(next, d, i);
+    auto [y0, y1] = fn.template vec<T>(float_vec::load_float(gate + i), float_vec::load_float(up + i));
+    sink.step(i, y0, y1);
+  }
+  if (i < body) {  // ATen's vectors narrower than ours: the vector form on a partial step
+    const int64_t count = body - i;
+    auto [y0, y1] = fn.template vec<T>(float_vec::load_float(gate + i, count), float_vec::load_float(up + i, count));
+    sink.partial(i, y0, y1, count);
+    i = body;
+  }
+  for (; i < d; ++i) {
+    sink.scalar(i, fn.template scalar<T>(gate[i], up[i]));
   }
 }
 

@@ -120,22 +120,7 @@ inline float gelu_tanh(float x) {
 // gated activations: vec<T>(gate, up) for one step (two fp32 vectors each way), scalar<T>
 // for one element; both round where native does.
 
-// act(gate) rounded to T, times up, rounded (by the store) again.
-template <typename Act>
-struct ActTimesUp {
-  Act act;
-
-  template <typename T>
-  Pair vec(const Pair& gate, const Pair& up) const {
-    auto [a0, a1] = round_float<T>(act(std::get<0>(gate)), act(std::get<1>(gate)));
-    return {a0 * std::get<0>(up), a1 * std::get<1>(up)};
-  }
-  template <typename T>
-  T scalar(T gate, T up) const {
-    const T a = static_cast<T>(act(static_cast<float>(gate)));
-    return static_cast<T>(static_cast<float>(a) * static_cast<float>(up));
-  }
-};
+using act_vec::ActTimesUp;  // act(gate) rounded to T, times up, rounded (by the store) again
 
 using SiluFn = act_vec::Silu;
 
@@ -223,7 +208,9 @@ struct SwigluOai {
 // Gated ops whose activation, a function of the gate alone with no parameters and costly
 // math, is looked up for 16-bit gates (table16.h) instead of computed.
 template <typename Fn>
-struct TabulatedAct : std::false_type {};
+struct TabulatedAct : std::false_type {
+  using Act = void;  // none
+};
 template <>
 struct TabulatedAct<ActTimesUp<SiluFn>> : std::true_type {
   using Act = SiluFn;
@@ -250,6 +237,10 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
   // every whole step of ours.
   const int64_t body = kLayout == Halves::kInterleaved ? d - d % kStep : d - d % aten_step<T>();
   const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(d, 1));
+  // The activation's table where it has one (halves layouts).
+  const std::conditional_t<TabulatedAct<Fn>::value, act_vec::TableOf<T, typename TabulatedAct<Fn>::Act>,
+                           std::false_type>
+      table{};
   at::parallel_for(0, a.rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* row = input + a.input_rows.offset(r);
@@ -275,32 +266,7 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
       } else {
         const T* gate = row + (kLayout == Halves::kGateFirst ? 0 : d);
         const T* up = row + (kLayout == Halves::kGateFirst ? d : 0);
-        int64_t i = 0;
-#if defined(CPU_CAPABILITY_AVX512)
-        if constexpr (TabulatedAct<Fn>::value && table16::kLooksUp<T>) {
-          const table16::Reader<T, typename TabulatedAct<Fn>::Act> act;
-          for (; act && i + kStep <= body; i += kStep) {
-            act_vec::prefetch_halves_step(next, d, i);
-            auto [a0, a1] = act(gate + i);  // act(gate) rounded to T
-            auto [u0, u1] = load_float(up + i);
-            store_float(o + i, a0 * u0, a1 * u1);
-          }
-        }
-#endif
-        for (; i + kStep <= body; i += kStep) {
-          act_vec::prefetch_halves_step(next, d, i);
-          auto [y0, y1] = fn.template vec<T>(load_float(gate + i), load_float(up + i));
-          store_float(o + i, y0, y1);
-        }
-        if (i < body) {  // ATen's vectors narrower than ours: the vector form on a partial step
-          const int64_t count = body - i;
-          auto [y0, y1] = fn.template vec<T>(load_float(gate + i, count), load_float(up + i, count));
-          store_float(o + i, y0, y1, count);
-          i = body;
-        }
-        for (; i < d; ++i) {
-          o[i] = fn.template scalar<T>(gate[i], up[i]);
-        }
+        act_vec::gated_halves_row<T>(fn, table, gate, up, next, d, body, act_vec::StoreRow<T>{o});
       }
     }
   });

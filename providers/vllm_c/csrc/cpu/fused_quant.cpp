@@ -307,10 +307,8 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
   const int64_t body = d - d % act_vec::aten_step<T>();
   const float inv_scale = kGroup ? 0.0f : 1.0f / *a.scale;
   const float bound = fp8_bound(kFormat);
-#if defined(CPU_CAPABILITY_AVX512)
   // silu of 16-bit gates read from its table (table16.h), as the silu_and_mul kernel does.
-  const table16::Reader<T, act_vec::Silu> silu_table;
-#endif
+  const act_vec::TableOf<T, act_vec::Silu> silu_table{};
   // bf16 keeps y in T (already rounded to it) for RowQuantizer's table (a row or a group).
   const bool staged = fp8_vec::RowQuantizer<kFormat, T>::by_table(kGroup ? a.group.size : d);
   at::parallel_for(0, a.rows, grain_size(2 * d), [&](int64_t begin, int64_t end) {
@@ -322,62 +320,14 @@ void silu_and_mul_quant_rows(const SiluMulQuantArgs& a) {
       const T* gate = static_cast<const T*>(a.input) + a.input_rows.offset(r);
       const T* up = gate + d;
       const T* next = r + 1 < end ? static_cast<const T*>(a.input) + a.input_rows.offset(r + 1) : nullptr;
-      int64_t i = 0;
-#if defined(CPU_CAPABILITY_AVX512)
-      if (silu_table && staged) {
-        // The common case in a loop of its own, as the silu_and_mul kernel's (with the
-        // choices below made per element, it ran ~20% slower than that kernel).
-        T* st = stage.data();
-        for (; i + kStep <= body; i += kStep) {
-          act_vec::prefetch_halves_step(next, d, i);
-          auto [s0, s1] = silu_table(gate + i);
-          auto [u0, u1] = load_float(up + i);
-          store_float(st + i, s0 * u0, s1 * u1);
-        }
-      }
-#endif
-      for (; i + kStep <= body; i += kStep) {
-        act_vec::prefetch_halves_step(next, d, i);
-        auto [u0, u1] = load_float(up + i);
-        fVec s0, s1;
-#if defined(CPU_CAPABILITY_AVX512)
-        if (silu_table) {
-          std::tie(s0, s1) = silu_table(gate + i);  // silu(gate) rounded to T
-        } else
-#endif
-        {
-          auto [g0, g1] = load_float(gate + i);
-          std::tie(s0, s1) = round_float<T>(act_vec::silu(g0), act_vec::silu(g1));
-        }
-        if (staged) {
-          store_float(stage.data() + i, s0 * u0, s1 * u1);  // the store rounds to T
-        } else {
-          auto [y0, y1] = round_float<T>(s0 * u0, s1 * u1);
-          y0.store(buf.data() + i);
-          y1.store(buf.data() + i + fVec::size());
-        }
-      }
-      if (i < body) {  // ATen's vectors narrower than ours: the vector form on a partial step
-        const int64_t count = body - i;
-        auto [u0, u1] = load_float(up + i, count);
-        auto [g0, g1] = load_float(gate + i, count);
-        auto [s0, s1] = round_float<T>(act_vec::silu(g0), act_vec::silu(g1));
-        auto [y0, y1] = round_float<T>(s0 * u0, s1 * u1);
-        if (staged) {
-          store_float(stage.data() + i, y0, y1, count);
-        } else {
-          store_float(buf.data() + i, y0, y1, count);
-        }
-        i = body;
-      }
-      for (; i < d; ++i) {
-        const float s = round_scalar<T>(act_vec::silu(static_cast<float>(gate[i])));
-        const float y = round_scalar<T>(s * static_cast<float>(up[i]));
-        if (staged) {
-          stage[i] = static_cast<T>(y);
-        } else {
-          buf[i] = y;
-        }
+      // y as the silu_and_mul kernel computes it, into the stage (T) or the buffer (fp32).
+      const act_vec::ActTimesUp<act_vec::Silu> silu_times_up{};
+      if (staged) {
+        act_vec::gated_halves_row<T>(silu_times_up, silu_table, gate, up, next, d, body,
+                                     act_vec::StoreRow<T>{stage.data()});
+      } else {
+        act_vec::gated_halves_row<T>(silu_times_up, silu_table, gate, up, next, d, body,
+                                     act_vec::StoreRowFp32<T>{buf.data()});
       }
       if constexpr (kGroup) {
         if (staged) {
