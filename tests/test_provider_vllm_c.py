@@ -764,6 +764,23 @@ def test_swigluoai_clamps_gate_above_and_up_both_ways(dtype, alpha, limit):
     torch.testing.assert_close(got[0, 0], expected, atol=atol, rtol=rtol)
 
 
+@needs_kernels
+def test_fp32_exp_and_erf_activations_are_natives_bits_across_every_exponent():
+    """With AVX512 the kernels inline ATen's exp and erf (Sleef's algorithm, act_vec.h) rather
+    than call them: fp32 silu and gelu of gates spread over every exponent and both signs
+    (subnormals, the underflow and overflow edges of exp) are native's bits. Rows of whole
+    vector steps (d = 1024), so native runs its vector form throughout."""
+    bits = torch.arange(0, 2**32, 4093, dtype=torch.int64)[: 1024 * 1024]
+    gate = bits.to(torch.int32).view(torch.float32).reshape(1024, 1024)
+    gate = torch.where(gate.isfinite(), gate, 1.0)  # NaN and inf: test_activations_propagate_nan_and_inf_like_native
+    x = torch.cat([gate, torch.full_like(gate, 1.5)], dim=-1)
+    for op, args in ((vllm_ir.ops.silu_and_mul, ()), (vllm_ir.ops.gelu_and_mul, ("none",))):
+        got, want = _with_vllm_c(op, (x, *args)), op.fn(x, *args)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), op.name
+    got, want = _with_vllm_c(vllm_ir.ops.mul_and_silu, (x.flip(-1),)), vllm_ir.ops.mul_and_silu.fn(x.flip(-1))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 def _swigluoai_unrounded_limit(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     """swigluoai_and_mul rounding every step to x's dtype but the clamps (a kernel that would
     skip their rounding for any limit)."""

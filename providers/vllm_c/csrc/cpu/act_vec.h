@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -49,12 +50,63 @@ inline int64_t aten_step() {
   return 2 * bytes / static_cast<int64_t>(sizeof(T));
 }
 
-// e^z as ATen's vector code computes it (Sleef); exp_fast below is the cheaper one that
-// computed table values use. The exp-based activations take either, so that the rest of
-// their math is the same instructions both ways.
+#if defined(CPU_CAPABILITY_AVX512)
+// e^d bit for bit as ATen's AVX512 Vectorized<float>::exp computes it (Sleef_expf16_u10:
+// rounding to q = rint(d / ln2), a two-part ln2 reduction, a degree-6 polynomial, a scaling
+// by 2^q in two halves, 0 below -104 and inf above 100), inlined: a call into Sleef costs the
+// call and the caller's vector registers around it. tests/test_provider_vllm_c.py compares
+// the fp32 activations built on it with native over a sweep of every exponent.
+inline fVec exp_sleef_u10(const fVec& z) {
+  const __m512 d = z;
+  const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(d, _mm512_set1_ps(1.442695040888963407359924681001892137f)));
+  const __m512 qf = _mm512_cvtepi32_ps(q);
+  __m512 s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-0.693145751953125f), d);
+  s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-1.428606765330187045e-06f), s);
+  __m512 u = _mm512_set1_ps(0.000198527617612853646278381f);
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.00139304355252534151077271f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.00833336077630519866943359f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.0416664853692054748535156f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.166666671633720397949219f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.5f));
+  u = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s));
+  const auto pow2 = [](const __m512i& e) {  // 2^e for e in the normal range
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(0x7f)), 23));
+  };
+  const __m512i half = _mm512_srai_epi32(q, 1);
+  u = _mm512_mul_ps(_mm512_mul_ps(u, pow2(half)), pow2(_mm512_sub_epi32(q, half)));
+  u = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, _mm512_set1_ps(-104.0f), _CMP_NLT_US), u);
+  return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), d, _CMP_LT_OS),
+                            _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+}
+
+// erf(x) bit for bit as ATen's AVX512 Vectorized<float>::erf computes it (Abramowitz and
+// Stegun 7.1.26 with Sleef's exp), with the inlined exp.
+inline fVec erf_aten(const fVec& x) {
+  const __m512 v = x;
+  const __m512 neg_zero = _mm512_set1_ps(-0.0f);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 sign = _mm512_and_ps(neg_zero, v);
+  const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), _mm512_abs_ps(v), one));
+  __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(1.061405429f), t, _mm512_set1_ps(-1.453152027f));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(1.421413741f));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(-0.284496736f));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(0.254829592f));
+  const __m512 e = exp_sleef_u10(_mm512_xor_ps(neg_zero, _mm512_mul_ps(v, v)));
+  const __m512 one_minus = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_xor_ps(neg_zero, e), t), r, one);
+  return _mm512_xor_ps(sign, one_minus);
+}
+#endif
+
+// e^z as ATen's vector code computes it (Sleef; inlined with AVX512); exp_fast below is the
+// cheaper one that computed table values use. The exp-based activations take either, so that
+// the rest of their math is the same instructions both ways.
 struct AtenExp {
   fVec operator()(const fVec& z) const {
+#if defined(CPU_CAPABILITY_AVX512)
+    return exp_sleef_u10(z);
+#else
     return z.exp();
+#endif
   }
 };
 

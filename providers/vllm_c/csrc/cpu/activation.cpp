@@ -12,7 +12,8 @@
 // operation, so that results are bit-identical to native's:
 //  - the same formulas: ATen's vector and scalar forms, with ATen's FMA contractions (the
 //    build turns contraction off, -ffp-contract=off, and fuses explicitly where ATen's build
-//    does);
+//    does); with AVX512, ATen's vector exp and erf are inlined copies of their arithmetic
+//    (act_vec.h; checked bit for bit against them over every fp32 input);
 //  - the same split between them: ATen's loop runs the vector form in steps of two
 //    Vectorized<T> along each row of a strided gate and the scalar form (std::exp, std::erf,
 //    std::tanh: other bits) on the row's remainder;
@@ -89,7 +90,12 @@ struct Sigmoid {
 // F.gelu(approximate="none"): x * 0.5 * (1 + erf(x / sqrt(2))).
 const float kSqrtHalf = static_cast<float>(M_SQRT1_2);
 inline fVec gelu_erf(const fVec& x) {
-  return x * fVec(0.5f) * (fVec(1.0f) + (x * fVec(kSqrtHalf)).erf());
+#if defined(CPU_CAPABILITY_AVX512)
+  const fVec erf = act_vec::erf_aten(x * fVec(kSqrtHalf));  // ATen's erf, inlined
+#else
+  const fVec erf = (x * fVec(kSqrtHalf)).erf();
+#endif
+  return x * fVec(0.5f) * (fVec(1.0f) + erf);
 }
 inline float gelu_erf(float x) {
   return x * 0.5f * (1.0f + std::erf(x * kSqrtHalf));
