@@ -14,8 +14,9 @@ with ``--stat p10`` when other tenants keep preempting one of the two threads) o
 
 ``GB/s`` is vllm_c's achieved bandwidth ((bytes read + written) / time) and ``of copy`` that
 bandwidth as a fraction of copy_'s: the median over rounds of the two timed back to back in
-each round (copy_'s bandwidth swings 2x between phases of this VM). Targets (the issue): vllm_c >= 0.8x
-copy_ at T=4096; vllm_c at least as fast as native and compiled at every T. Misses are listed.
+each round (copy_'s bandwidth swings 2x between phases of this VM). Targets (the issue):
+vllm_c >= 0.8x copy_ at T=4096 for the gated ops; vllm_c at least as fast as native and
+compiled at every T. Misses are listed.
 
     OMP_NUM_THREADS=2 python benchmarks/activation_cpu.py [--hidden 4096] [--tokens 1,16,256,4096]
         [--dtypes bfloat16,float32] [--ops silu_and_mul,...] [--rounds 3] [--stat median|p10] [--no-compile]
@@ -154,12 +155,12 @@ def main() -> None:
                     f"{times['native'] / times['vllm_c']:>8.1f}"
                 )
                 where = f"{case.label} {dtype_name} T={t}"
-                if t == 4096 and of_copy < 0.8:
+                if t == 4096 and case.gated and of_copy < 0.8:  # the issue's target: gated ops
                     misses.append(f"{where}: {of_copy:.2f}x of copy_ bandwidth (target 0.8)")
                 for ref in ("native", "compiled"):
                     if ref in times and times["vllm_c"] > times[ref]:
                         misses.append(f"{where}: vllm_c {times['vllm_c']:.1f} us slower than {ref} {times[ref]:.1f} us")
-    print("\ntargets: vllm_c >= 0.8x copy_ at T=4096; vllm_c <= native and compiled at every T")
+    print("\ntargets: gated vllm_c >= 0.8x copy_ at T=4096; vllm_c <= native and compiled at every T")
     print("\n".join(f"  MISS {m}" for m in misses) if misses else "  all met")
 
 
