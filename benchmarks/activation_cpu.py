@@ -35,7 +35,7 @@ os.environ.setdefault("VLLM_IR_FALLBACK", "allow")
 import torch
 
 import vllm_ir
-from vllm_ir.timing import machine_summary, time_call
+from vllm_ir.timing import interleaved_rounds, machine_summary
 
 COLUMNS = ("vllm_c", "op()", "native", "compiled", "copy_")
 
@@ -71,17 +71,10 @@ def _inner(elements: int) -> int:
 
 def _best(fns: dict[str, Callable[[], object]], inner: int, rounds: int, stat: str) -> tuple[dict[str, float], float]:
     """Each callable's best round, and the median over rounds of copy_'s time over vllm_c's in
-    the same round (timed back to back): copy_'s bandwidth swings 2x between phases of this VM,
-    and a ratio of two bests can pair a fast copy_ phase with a slow kernel one."""
-    best = {name: float("inf") for name in fns}
-    of_copy = []
-    for r in range(rounds):
-        this_round = {}
-        for name in list(fns) if r % 2 == 0 else list(reversed(fns)):
-            this_round[name] = getattr(time_call(fns[name], warmup=3, repeats=15, inner=inner), stat)
-            best[name] = min(best[name], this_round[name])
-        of_copy.append(this_round["copy_"] / this_round["vllm_c"])
-    return best, statistics.median(of_copy)
+    the same round (a ratio of two bests can pair a fast copy_ phase with a slow kernel one)."""
+    times = interleaved_rounds(fns, rounds=rounds, inner=inner, stat=stat)
+    best = {name: min(t[name] for t in times) for name in fns}
+    return best, statistics.median(t["copy_"] / t["vllm_c"] for t in times)
 
 
 def _run_case(case: Case, tokens: int, hidden: int, dtype: torch.dtype, compiled, rounds: int, stat: str):

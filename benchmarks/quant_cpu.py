@@ -19,7 +19,9 @@ as a fraction of copy's, bytes read + written), ``ind/static`` and ``ind/dyn`` c
 time over vllm_c's (>1: vllm_c faster), ``group/static`` group quant's time over static's.
 
 This machine class is noisy (2 shared cores, other tenants): variants are timed in interleaved
-rounds and the best round's median is kept. Set ``OMP_NUM_THREADS`` the same for every run
+rounds and the best round's median is kept; ``static/copy``, ``dyn/copy`` and ``group/static``
+are medians over rounds of the two timed back to back in each round (copy_'s bandwidth swings
+2x between phases of this VM). Set ``OMP_NUM_THREADS`` the same for every run
 that is compared (torch's thread count follows it).
 
     OMP_NUM_THREADS=2 python benchmarks/quant_cpu.py [--hidden 4096] [--tokens 1,16,256,4096]
@@ -30,11 +32,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 
 import torch
 
 import vllm_ir
-from vllm_ir.timing import machine_summary, time_call
+from vllm_ir.timing import interleaved_rounds, machine_summary
 
 
 def main() -> None:
@@ -77,11 +80,11 @@ def _row(t: int, args: argparse.Namespace, c: object, fp8: torch.dtype, ops: obj
     group_scale = torch.empty(t, args.hidden // 128)
     src = torch.empty(t * args.hidden * 3 // 2, dtype=torch.uint8).random_()
     dst = torch.empty_like(src)
-    calls = {
-        "static": lambda: c.static_quant_fp8(q, x, scale),
+    calls = {  # copy next to static and dyn, group next to static: their ratios are per round
         "dyn": lambda: c.dynamic_quant_fp8(q, token_scale, x, None, True),
-        "group": lambda: c.dynamic_group_quant_fp8(q, group_scale, x, 128, False),
         "copy": lambda: dst.copy_(src),
+        "static": lambda: c.static_quant_fp8(q, x, scale),
+        "group": lambda: c.dynamic_group_quant_fp8(q, group_scale, x, 128, False),
     }
     if not args.no_compile:
         st = torch.compile(ops.static_quant_fp8.fn, dynamic=False)
@@ -95,21 +98,22 @@ def _row(t: int, args: argparse.Namespace, c: object, fp8: torch.dtype, ops: obj
     with vllm_ir.priority(static_quant_fp8=["vllm_c"]):
         calls["op"] = lambda: ops.static_quant_fp8(x, scale, fp8)
         repeats = max(25, min(200, 2_000_000 // max(t * args.hidden, 1)))
-        best: dict[str, float] = {}
-        for _ in range(args.rounds):
-            for name, fn in calls.items():
-                m = time_call(fn, warmup=3, repeats=repeats).median_us
-                best[name] = min(best.get(name, float("inf")), m)
+        times = interleaved_rounds(calls, rounds=args.rounds, repeats=repeats)
+    best = {name: min(r[name] for r in times) for name in calls}
     nan = float("nan")
     row = [best[k] for k in ("static", "dyn", "group", "copy")]
     row += [best.get(k, nan) for k in ("ind_static", "ind_dyn", "ind_group")] + [best["op"]]
+
+    def per_round(num: str, den: str) -> float:  # median over rounds (a VM phase hits both)
+        return statistics.median(r[num] / r[den] for r in times)
+
     ratios = [
-        best["copy"] / best["static"],
-        best["copy"] / best["dyn"],
+        per_round("copy", "static"),
+        per_round("copy", "dyn"),
         best.get("ind_static", nan) / best["static"],
         best.get("ind_dyn", nan) / best["dyn"],
         best.get("ind_group", nan) / best["group"],
-        best["group"] / best["static"],
+        per_round("group", "static"),
     ]
     print(
         f"{t:>5} " + " ".join(f"{v:8.1f}" for v in row) + " | "

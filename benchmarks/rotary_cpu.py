@@ -16,7 +16,9 @@ median microseconds per call of:
   the half-work kernel compares with moving everything).
 
 The machine is shared and noisy: variants are timed in interleaved rounds, the best round's
-median is kept. Set OMP_NUM_THREADS (or --threads) to compare runs.
+median is kept; ``of copy`` is the median over rounds of copy_ and vllm_c timed back to back
+in each round (copy_'s bandwidth swings 2x between phases of this VM). Set OMP_NUM_THREADS
+(or --threads) to compare runs.
 
     python benchmarks/rotary_cpu.py [--tokens 1,16,256,4096] [--rot 128,64] [--rounds 3] [--threads N]
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 from collections.abc import Callable
 
 os.environ.setdefault("VLLM_IR_FALLBACK", "allow")
@@ -33,7 +36,7 @@ import torch
 
 import vllm_ir
 from vllm_ir.ir.declarations.rotary import build_cos_sin_cache
-from vllm_ir.timing import machine_summary, time_call
+from vllm_ir.timing import interleaved_rounds, machine_summary
 
 HEADS, HEAD_SIZE, MAX_POSITION = 32, 128, 8192
 COLUMNS = ("native", "compiled", "vllm_c", "mi()", "copy_")
@@ -44,13 +47,12 @@ def _inner(tokens: int) -> int:
     return max(1, 200_000 // (tokens * HEADS * HEAD_SIZE))
 
 
-def _best_of(fns: dict[str, Callable[[], object]], inner: int, rounds: int) -> dict[str, float]:
-    best = {name: float("inf") for name in fns}
-    for r in range(rounds):
-        for name in list(fns) if r % 2 == 0 else list(reversed(fns)):
-            t = time_call(fns[name], warmup=3, repeats=15, inner=inner)
-            best[name] = min(best[name], t.median_us)
-    return best
+def _best_of(fns: dict[str, Callable[[], object]], inner: int, rounds: int) -> tuple[dict[str, float], float]:
+    """Each callable's best round, and the median over rounds of copy_'s time over vllm_c's in
+    the same round (copy_'s bandwidth swings 2x between phases of this VM)."""
+    times = interleaved_rounds(fns, rounds=rounds, inner=inner)
+    best = {name: min(t[name] for t in times) for name in fns}
+    return best, statistics.median(t["copy_"] / t["vllm_c"] for t in times)
 
 
 def _case(tokens: int, rot: int, dtype: torch.dtype, compiled, rounds: int) -> tuple[dict[str, float], int]:
@@ -70,8 +72,8 @@ def _case(tokens: int, rot: int, dtype: torch.dtype, compiled, rounds: int) -> t
 
     fns: dict[str, Callable[[], object]] = {
         "native": lambda: op.fn(positions, q, k, HEAD_SIZE, cache, True, rot),
-        "vllm_c": lambda: kernel(positions, qi, ki, HEAD_SIZE, cache, True, rot),
         "mi()": lambda: op.maybe_inplace(*args),
+        "vllm_c": lambda: kernel(positions, qi, ki, HEAD_SIZE, cache, True, rot),  # next to copy_
         "copy_": lambda: dst.copy_(src),
     }
     if compiled is not None:
@@ -111,10 +113,9 @@ def main() -> None:
             header = f"{'T':>5} " + " ".join(f"{c:>9}" for c in COLUMNS)
             print(header + f" {'GB/s':>6} {'of copy':>7} {'x native':>8} {'x compiled':>10}")
             for t in tokens:
-                times, nbytes = _case(t, rot, dtype, compiled, args.rounds)
+                (times, of_copy), nbytes = _case(t, rot, dtype, compiled, args.rounds)
                 cells = " ".join(f"{times.get(c, float('nan')):>9.1f}" for c in COLUMNS)
                 gbs = nbytes / times["vllm_c"] / 1e3
-                of_copy = times["copy_"] / times["vllm_c"]
                 x_native = times["native"] / times["vllm_c"]
                 x_comp = times.get("compiled", float("nan")) / times["vllm_c"]
                 print(f"{t:>5} {cells} {gbs:>6.1f} {of_copy:>7.2f} {x_native:>8.1f} {x_comp:>10.1f}")

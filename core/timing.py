@@ -42,6 +42,22 @@ def time_call(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, 
     return _summarize(samples)
 
 
+def interleaved_rounds(
+    fns: dict[str, Callable[[], object]], *, rounds: int, inner: int = 1, repeats: int = 15, stat: str = "median_us"
+) -> list[dict[str, float]]:
+    """Each round times every callable (``repeats`` samples, ``stat`` of their Timing, µs), the order
+    reversed every other round; returns each round's times. Bests are a minimum per name; a
+    ratio of two callables is best taken within each round (neighbours in ``fns`` run back to
+    back), which this VM's slow and fast memory phases do not skew as a ratio of bests does."""
+    times = []
+    for r in range(rounds):
+        this_round = {}
+        for name in list(fns) if r % 2 == 0 else list(reversed(fns)):
+            this_round[name] = getattr(time_call(fns[name], warmup=3, repeats=repeats, inner=inner), stat)
+        times.append(this_round)
+    return times
+
+
 def paired_overhead(
     baseline: Callable[[], object], candidate: Callable[[], object], *, samples: int = 2000, inner: int = 20
 ) -> Timing:

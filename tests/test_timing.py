@@ -1,0 +1,17 @@
+"""vllm_ir.timing's interleaved rounds: what the benchmarks' per-round ratios rest on."""
+
+from __future__ import annotations
+
+from vllm_ir.timing import interleaved_rounds
+
+
+def test_interleaved_rounds_time_every_callable_per_round_in_alternating_order():
+    calls: list[str] = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    times = interleaved_rounds(fns, rounds=3, inner=2, repeats=4)
+    assert len(times) == 3
+    assert all(set(t) == {"a", "b", "c"} and all(v > 0 for v in t.values()) for t in times)
+    per_callable = 3 + 4 * 2  # warmup, then repeats x inner
+    order = calls[::per_callable]
+    assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert len(calls) == 3 * 3 * per_callable
