@@ -1,6 +1,7 @@
 // Activation math shared by the per-capability CPU kernels (cpu/activation.cpp and the fused
-// activation + quant kernel in cpu/fused_quant.cpp): ATen's vector and scalar forms, and the
-// split between them ATen's loops use, so that every kernel built on these rounds like native.
+// activation + quant kernel in cpu/fused_quant.cpp): ATen's vector and scalar forms (with
+// AVX512, its exp and erf inlined), the split between them ATen's loops use, and the gated row
+// built on them, so that every kernel built on these rounds like native.
 //
 // Included by csrc/cpu/*.cpp inside no namespace; every capability's compilation gets its own
 // copy of these inline functions (see dispatch_stub.h).
