@@ -233,6 +233,33 @@ struct TabulatedAct<ActTimesUp<GeluFn<kTanh>>> : std::true_type {
 // interleaved pairs (gate, up).
 enum class Halves { kGateFirst, kUpFirst, kInterleaved };
 
+// 2 kStep interleaved (gate, up) values from p, widened: gates 0..15, 16..31, ups 0..15, 16..31.
+template <typename T>
+std::tuple<fVec, fVec, fVec, fVec> load_interleaved(const T* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    // Each bf16 straight into the high half of its fp32 lane: one masked word permute per 16
+    // lanes does the widening and the deinterleaving (widen, then deinterleave: two).
+    const __m512i gate_words = _mm512_set_epi32(30 << 16, 28 << 16, 26 << 16, 24 << 16, 22 << 16, 20 << 16, 18 << 16,
+                                                16 << 16, 14 << 16, 12 << 16, 10 << 16, 8 << 16, 6 << 16, 4 << 16,
+                                                2 << 16, 0);
+    const __m512i up_words = _mm512_add_epi32(gate_words, _mm512_set1_epi32(1 << 16));
+    constexpr __mmask32 kHighWords = 0xAAAAAAAAu;
+    const __m512i a = _mm512_loadu_si512(p);
+    const __m512i b = _mm512_loadu_si512(p + kStep);
+    const auto lanes = [&](const __m512i& words, const __m512i& v) {
+      return fVec(_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kHighWords, words, v)));
+    };
+    return {lanes(gate_words, a), lanes(gate_words, b), lanes(up_words, a), lanes(up_words, b)};
+  }
+#endif
+  auto [a0, a1] = load_float(p);
+  auto [b0, b1] = load_float(p + kStep);
+  auto [g0, u0] = at::vec::deinterleave2(a0, a1);
+  auto [g1, u1] = at::vec::deinterleave2(b0, b1);
+  return {g0, g1, u0, u1};
+}
+
 template <typename T, Halves kLayout, typename Fn>
 void gated_rows(const GatedArgs& a, const Fn& fn) {
   const T* input = static_cast<const T*>(a.input);
@@ -259,10 +286,7 @@ void gated_rows(const GatedArgs& a, const Fn& fn) {
             float_vec::prefetch_step<false>(next + 2 * i);
             float_vec::prefetch_step<false>(next + 2 * i + kStep);
           }
-          auto [a0, a1] = load_float(row + 2 * i);
-          auto [b0, b1] = load_float(row + 2 * i + kStep);
-          auto [g0, u0] = at::vec::deinterleave2(a0, a1);
-          auto [g1, u1] = at::vec::deinterleave2(b0, b1);
+          auto [g0, g1, u0, u1] = load_interleaved(row + 2 * i);
           auto [y0, y1] = fn.template vec<T>({g0, g1}, {u0, u1});
           store_float(o + i, y0, y1);
         }
