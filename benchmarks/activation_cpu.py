@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ os.environ.setdefault("VLLM_IR_FALLBACK", "allow")
 import torch
 
 import vllm_ir
-from vllm_ir.timing import interleaved_rounds, machine_summary
+from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 COLUMNS = ("vllm_c", "op()", "native", "compiled", "copy_")
 
@@ -69,14 +68,6 @@ def _inner(elements: int) -> int:
     return max(1, 200_000 // max(1, elements))
 
 
-def _best(fns: dict[str, Callable[[], object]], inner: int, rounds: int, stat: str) -> tuple[dict[str, float], float]:
-    """Each callable's best round, and the median over rounds of copy_'s time over vllm_c's in
-    the same round (a ratio of two bests can pair a fast copy_ phase with a slow kernel one)."""
-    times = interleaved_rounds(fns, rounds=rounds, inner=inner, stat=stat)
-    best = {name: min(t[name] for t in times) for name in fns}
-    return best, statistics.median(t["copy_"] / t["vllm_c"] for t in times)
-
-
 def _run_case(case: Case, tokens: int, hidden: int, dtype: torch.dtype, compiled, rounds: int, stat: str):
     op = getattr(vllm_ir.ops, case.op)
     g = torch.Generator().manual_seed(0)
@@ -104,7 +95,9 @@ def _run_case(case: Case, tokens: int, hidden: int, dtype: torch.dtype, compiled
     }
     if compiled is not None:
         fns["compiled"] = lambda: compiled(*args)
-    return _best(fns, _inner(x.numel()), rounds, stat), moved
+    # copy_ over vllm_c per round: a ratio of two bests can pair a fast copy_ phase with a slow kernel one.
+    times = interleaved_rounds(fns, rounds=rounds, inner=_inner(x.numel()), stat=stat)
+    return (best_of(times), median_ratio(times, "copy_", "vllm_c")), moved
 
 
 def main() -> None:

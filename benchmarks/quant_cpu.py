@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 
 import torch
 
 import vllm_ir
-from vllm_ir.timing import interleaved_rounds, machine_summary
+from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 
 def main() -> None:
@@ -99,21 +98,17 @@ def _row(t: int, args: argparse.Namespace, c: object, fp8: torch.dtype, ops: obj
         calls["op"] = lambda: ops.static_quant_fp8(x, scale, fp8)
         repeats = max(25, min(200, 2_000_000 // max(t * args.hidden, 1)))
         times = interleaved_rounds(calls, rounds=args.rounds, repeats=repeats)
-    best = {name: min(r[name] for r in times) for name in calls}
+    best = best_of(times)
     nan = float("nan")
     row = [best[k] for k in ("static", "dyn", "group", "copy")]
     row += [best.get(k, nan) for k in ("ind_static", "ind_dyn", "ind_group")] + [best["op"]]
-
-    def per_round(num: str, den: str) -> float:  # median over rounds (a VM phase hits both)
-        return statistics.median(r[num] / r[den] for r in times)
-
-    ratios = [
-        per_round("copy", "static"),
-        per_round("copy", "dyn"),
+    ratios = [  # per round, then the median: a VM phase hits both of a pair
+        median_ratio(times, "copy", "static"),
+        median_ratio(times, "copy", "dyn"),
         best.get("ind_static", nan) / best["static"],
         best.get("ind_dyn", nan) / best["dyn"],
         best.get("ind_group", nan) / best["group"],
-        per_round("group", "static"),
+        median_ratio(times, "group", "static"),
     ]
     print(
         f"{t:>5} " + " ".join(f"{v:8.1f}" for v in row) + " | "

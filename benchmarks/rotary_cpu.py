@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from collections.abc import Callable
 
 os.environ.setdefault("VLLM_IR_FALLBACK", "allow")
@@ -36,7 +35,7 @@ import torch
 
 import vllm_ir
 from vllm_ir.ir.declarations.rotary import build_cos_sin_cache
-from vllm_ir.timing import interleaved_rounds, machine_summary
+from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 HEADS, HEAD_SIZE, MAX_POSITION = 32, 128, 8192
 COLUMNS = ("native", "compiled", "vllm_c", "mi()", "copy_")
@@ -47,15 +46,9 @@ def _inner(tokens: int) -> int:
     return max(1, 200_000 // (tokens * HEADS * HEAD_SIZE))
 
 
-def _best_of(fns: dict[str, Callable[[], object]], inner: int, rounds: int) -> tuple[dict[str, float], float]:
-    """Each callable's best round, and the median over rounds of copy_'s time over vllm_c's in
-    the same round (copy_'s bandwidth swings 2x between phases of this VM)."""
-    times = interleaved_rounds(fns, rounds=rounds, inner=inner)
-    best = {name: min(t[name] for t in times) for name in fns}
-    return best, statistics.median(t["copy_"] / t["vllm_c"] for t in times)
-
-
-def _case(tokens: int, rot: int, dtype: torch.dtype, compiled, rounds: int) -> tuple[dict[str, float], int]:
+def _case(
+    tokens: int, rot: int, dtype: torch.dtype, compiled, rounds: int
+) -> tuple[tuple[dict[str, float], float], int]:
     op = vllm_ir.ops.rotary_embedding
     g = torch.Generator().manual_seed(0)
     positions = torch.randint(0, MAX_POSITION, (tokens,), generator=g)
@@ -78,7 +71,9 @@ def _case(tokens: int, rot: int, dtype: torch.dtype, compiled, rounds: int) -> t
     }
     if compiled is not None:
         fns["compiled"] = lambda: compiled(positions, q, k, HEAD_SIZE, cache, True, rot)
-    return _best_of(fns, _inner(tokens), rounds), 2 * src.numel() * src.element_size()
+    # copy_ over vllm_c per round: copy_'s bandwidth swings 2x between phases of this VM.
+    times = interleaved_rounds(fns, rounds=rounds, inner=_inner(tokens))
+    return (best_of(times), median_ratio(times, "copy_", "vllm_c")), 2 * src.numel() * src.element_size()
 
 
 def main() -> None:

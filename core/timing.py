@@ -58,6 +58,16 @@ def interleaved_rounds(
     return times
 
 
+def best_of(times: list[dict[str, float]]) -> dict[str, float]:
+    """Each callable's best round of ``interleaved_rounds``' result."""
+    return {name: min(t[name] for t in times) for name in times[0]}
+
+
+def median_ratio(times: list[dict[str, float]], numerator: str, denominator: str) -> float:
+    """The median over ``interleaved_rounds``' rounds of one callable's time over another's."""
+    return statistics.median(t[numerator] / t[denominator] for t in times)
+
+
 def paired_overhead(
     baseline: Callable[[], object], candidate: Callable[[], object], *, samples: int = 2000, inner: int = 20
 ) -> Timing:

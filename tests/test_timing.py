@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_ir.timing import interleaved_rounds
+from vllm_ir.timing import best_of, interleaved_rounds, median_ratio
 
 
 def test_interleaved_rounds_time_every_callable_per_round_in_alternating_order():
@@ -15,3 +15,10 @@ def test_interleaved_rounds_time_every_callable_per_round_in_alternating_order()
     order = calls[::per_callable]
     assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert len(calls) == 3 * 3 * per_callable
+
+
+def test_best_of_and_median_ratio_read_rounds_as_the_benchmarks_pair_them():
+    times = [{"kernel": 10.0, "copy_": 8.0}, {"kernel": 20.0, "copy_": 18.0}, {"kernel": 12.0, "copy_": 6.0}]
+    assert best_of(times) == {"kernel": 10.0, "copy_": 6.0}
+    # Per round 0.8, 0.9, 0.5: the median is 0.8, where the ratio of the bests would say 0.6.
+    assert median_ratio(times, "copy_", "kernel") == 0.8

@@ -155,17 +155,13 @@ struct FatreluFn {
 // 16-bit T with AVX512, computed otherwise.
 template <typename T>
 struct RoundedSigmoid {
-#if defined(CPU_CAPABILITY_AVX512)
-  std::conditional_t<table16::kLooksUp<T>, table16::Reader<T, Sigmoid>, std::false_type> table{};
-#endif
+  act_vec::TableOf<T, Sigmoid> table{};
   Pair operator()(const fVec& z0, const fVec& z1) const {
-#if defined(CPU_CAPABILITY_AVX512)
-    if constexpr (table16::kLooksUp<T>) {
+    if constexpr (!std::is_same_v<decltype(table), std::false_type>) {
       if (table) {
         return table.values(z0, z1);
       }
     }
-#endif
     return round_float<T>(Sigmoid{}(z0), Sigmoid{}(z1));
   }
 };
