@@ -15,8 +15,9 @@ float8_e4m3fn q, median microseconds per call of the kernels alone (preallocated
 - ``silu+grp`` / ``f.s.grp``: ``silu_and_mul`` of a [T, 2 * hidden] input then group quant,
   against ``silu_and_mul_group_fp8_quant``.
 
-Ratios: unfused time over fused (>1: the fused kernel is faster). Variants are timed in
-interleaved rounds and each keeps its best round's median (the machine is shared and noisy).
+Ratios: unfused time over fused (>1: the fused kernel is faster), the median over interleaved
+rounds of the two timed back to back (this VM's memory phases skew a ratio of two rounds'
+bests); the times printed are each variant's best round's median.
 Use the same ``OMP_NUM_THREADS`` for every run that is compared.
 
     OMP_NUM_THREADS=2 python benchmarks/fused_quant.py [--hidden 4096] [--tokens 1,16,256,4096] [--rounds 3]
@@ -29,7 +30,7 @@ import os
 
 import torch
 
-from vllm_ir.timing import machine_summary, time_call
+from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 EPS = 1e-6
 
@@ -50,7 +51,7 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
         f"vllm_c CPU variant {vllm_ir_provider_vllm_c.cpu_capability()}"
     )
-    print(f"bf16 [T, {args.hidden}] -> float8_e4m3fn, median us per call (best of {args.rounds} rounds)")
+    print(f"bf16 [T, {args.hidden}] -> float8_e4m3fn, median us per call (best of {args.rounds} interleaved rounds)")
     names = (
         "norm+st",
         "fused st",
@@ -96,18 +97,10 @@ def _row(t: int, args: argparse.Namespace) -> None:
         "f.s.grp": lambda: c.silu_and_mul_group_fp8_quant(q, group_scales, gate_up, 128, False),
     }
     repeats = max(5, min(200, 2_000_000 // max(t * h, 1)))
-    best: dict[str, float] = {}
-    for _ in range(args.rounds):
-        for name, fn in calls.items():
-            m = time_call(fn, warmup=3, repeats=repeats).median_us
-            best[name] = min(best.get(name, float("inf")), m)
-    ratios = (
-        best["norm+st"] / best["fused st"],
-        best["add+st"] / best["f.add st"],
-        best["norm+dyn"] / best["f.dyn"],
-        best["norm+grp"] / best["f.grp"],
-        best["silu+grp"] / best["f.s.grp"],
-    )
+    times = interleaved_rounds(calls, rounds=args.rounds, repeats=repeats)
+    best = best_of(times)
+    names = list(calls)
+    ratios = [median_ratio(times, unfused, fused) for unfused, fused in zip(names[::2], names[1::2], strict=True)]
     print(f"{t:>5} " + " ".join(f"{best[n]:9.1f}" for n in calls) + " | " + " ".join(f"{v:5.2f}" for v in ratios))
 
 

@@ -30,7 +30,7 @@ import vllm_ir
 from vllm_ir.ir import selection
 from vllm_ir.ir.impl import IrOpImpl, reason_of
 from vllm_ir.ir.op import IrOp
-from vllm_ir.timing import machine_summary, time_kernel
+from vllm_ir.timing import interleaved_rounds, machine_summary
 
 #: A single call slower than this is not timed (e.g. an interpreter back-end).
 MAX_CALL_SECONDS = 0.5
@@ -108,11 +108,9 @@ def measure_rounds(
     samples: dict[str, list[float]] = {name: [] for name in fns}
 
     def run(names: list[str], n: int) -> None:
-        for r in range(n):
-            order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
-            for name in order:
-                warmup = 3 if not samples[name] else 1
-                samples[name].append(time_kernel(fns[name], device, warmup=warmup, repeats=repeats).median_us)
+        for times in interleaved_rounds({name: fns[name] for name in names}, rounds=n, repeats=repeats, device=device):
+            for name, us in times.items():
+                samples[name].append(us)
 
     run(list(fns), rounds)
     for _ in range(EXTRA_ROUND_SETS):

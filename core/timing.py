@@ -43,17 +43,27 @@ def time_call(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, 
 
 
 def interleaved_rounds(
-    fns: dict[str, Callable[[], object]], *, rounds: int, inner: int = 1, repeats: int = 15, stat: str = "median_us"
+    fns: dict[str, Callable[[], object]],
+    *,
+    rounds: int,
+    inner: int = 1,
+    repeats: int = 15,
+    stat: str = "median_us",
+    device: torch.device | str = "cpu",
 ) -> list[dict[str, float]]:
-    """Each round times every callable (``repeats`` samples, ``stat`` of their Timing, µs), the order
-    reversed every other round; returns each round's times. Bests are a minimum per name; a
-    ratio of two callables is best taken within each round (neighbours in ``fns`` run back to
-    back), which this VM's slow and fast memory phases do not skew as a ratio of bests does."""
+    """Each round times every callable (``repeats`` samples, ``stat`` of their Timing, µs; CUDA
+    events on a GPU ``device``), the order reversed every other round; returns each round's
+    times. The one round loop of `vllm-ir bench` and the benchmarks. Bests are a minimum per
+    name; a ratio of two callables is best taken within each round (neighbours in ``fns`` run
+    back to back), which this VM's slow and fast memory phases do not skew as a ratio of bests
+    does."""
+    extra = {"inner": inner} if inner != 1 else {}  # CUDA events time single calls
     times = []
     for r in range(rounds):
         this_round = {}
         for name in list(fns) if r % 2 == 0 else list(reversed(fns)):
-            this_round[name] = getattr(time_call(fns[name], warmup=3, repeats=repeats, inner=inner), stat)
+            timing = time_kernel(fns[name], device, warmup=3 if r == 0 else 1, repeats=repeats, **extra)
+            this_round[name] = getattr(timing, stat)
         times.append(this_round)
     return times
 

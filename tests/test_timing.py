@@ -11,10 +11,10 @@ def test_interleaved_rounds_time_every_callable_per_round_in_alternating_order()
     times = interleaved_rounds(fns, rounds=3, inner=2, repeats=4)
     assert len(times) == 3
     assert all(set(t) == {"a", "b", "c"} and all(v > 0 for v in t.values()) for t in times)
-    per_callable = 3 + 4 * 2  # warmup, then repeats x inner
-    order = calls[::per_callable]
+    first, later = 3 + 4 * 2, 1 + 4 * 2  # warmup (3 in the first round, then 1), then repeats x inner
+    order = calls[: 3 * first : first] + calls[3 * first :: later]
     assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
-    assert len(calls) == 3 * 3 * per_callable
+    assert len(calls) == 3 * first + 6 * later
 
 
 def test_best_of_and_median_ratio_read_rounds_as_the_benchmarks_pair_them():
