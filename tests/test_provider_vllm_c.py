@@ -966,12 +966,13 @@ def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_pa
     """Differential: AVX512 kernels look activations of bf16/fp16 values up in tables built by the
     vector code, and compute the exp-based ones' bf16 table values (silu, gelu_new, gelu_fast,
     quick_gelu, swigluoai's sigmoid) by a cheaper exp where that gives the table's bits (steps it cannot vouch for
-    are looked up); VLLM_IR_C_TABLES=lookup looks every step up, =0 computes every element by
-    the vector code. Same bits, every value, all three."""
+    are looked up) when that measures faster than looking up on this CPU (the default, 1);
+    VLLM_IR_C_TABLES=computed computes wherever it can vouch, =lookup looks every step up, =0
+    computes every element by the vector code. Same bits, every value, all four."""
     if provider.cpu_capability() not in ("AVX512", "AVX512_BF16"):
         pytest.skip(f"{provider.cpu_capability()} kernels compute: no tables to compare")
     paths = {}
-    for tables in ("1", "lookup", "0"):
+    for tables in ("1", "computed", "lookup", "0"):
         paths[tables] = tmp_path / f"tables{tables}.pt"
         env = {**os.environ, "VLLM_IR_C_TABLES": tables}
         done = subprocess.run(
@@ -984,7 +985,7 @@ def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_pa
         assert done.returncode == 0, done.stderr[-3000:]
     computed = torch.load(paths["0"])
     assert len(computed) == 20
-    for tables in ("1", "lookup"):
+    for tables in ("1", "computed", "lookup"):
         by_tables = torch.load(paths[tables])
         assert by_tables.keys() == computed.keys()
         for case, got in by_tables.items():
