@@ -8,6 +8,7 @@ is not usable; the import-safety and CUDA compile checks run regardless.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -809,6 +810,27 @@ def test_swigluoai_rounds_a_limit_its_dtype_cannot_hold_like_native(dtype, limit
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), alpha
         told_apart |= not torch.equal(_swigluoai_unrounded_limit(x, alpha, limit), want)
     assert told_apart == (limit != 7.0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_swigluoai_gives_natives_bits_for_more_parameters_than_it_keeps_tables_for(dtype):
+    """16-bit swigluoai looks glu(gate) up in a table per (alpha, limit), keeping at most 16 of
+    them per process and computing for the rest: 20 (alpha, limit) pairs unused elsewhere (each
+    alpha with four limits, each limit with five alphas: a table keyed on either alone would
+    serve the wrong pair), twice each (the second call reads the table the first built), are
+    all native's bits."""
+    g = torch.Generator().manual_seed(3)
+    x = (6 * torch.randn(3, 128, generator=g)).to(dtype)
+    x[0, :8] = torch.tensor([float("nan"), 1.0, float("inf"), -1.0, -float("inf"), 0.5, 100.0, -100.0])
+    op = vllm_ir.ops.swigluoai_and_mul
+    for alpha, limit in itertools.product([0.9 + k / 64 for k in range(5)], [5.0 + k / 8 for k in range(4)]):
+        want = op.fn(x, alpha, limit)
+        for _ in range(2):
+            got = _with_vllm_c(op, (x, alpha, limit))
+            both_nan = got.isnan() & want.isnan()
+            assert torch.equal(got[~both_nan].view(torch.int16), want[~both_nan].view(torch.int16)), (alpha, limit)
+            assert torch.equal(got.isnan(), want.isnan()), (alpha, limit)
 
 
 @needs_kernels

@@ -29,9 +29,11 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/bit_cast.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 
@@ -175,23 +177,35 @@ struct SwigluOai {
   RoundedSigmoid<T> sigmoid{};
   // A T value: then clamping T values to it gives T values (NaN aside), with no rounding.
   bool limit_is_t = static_cast<float>(static_cast<T>(limit)) == limit;
+  // glu of every 16-bit gate for this (alpha, limit), looked up (one gather per 16 lanes instead
+  // of the clamp, three roundings and the sigmoid's lookup or math); null where T is not 16-bit,
+  // without AVX512, with VLLM_IR_C_TABLES=0, or once too many (alpha, limit) have tables.
+  const T* glu_table = make_glu_table();
+
+  // round(g * round(sigmoid(round(g * alpha)))), g = min(gate, limit) rounded: a function of the gate alone.
+  Pair glu(const Pair& gate) const {
+    const fVec lim(limit);
+    Pair g{at::vec::clamp_max(std::get<0>(gate), lim), at::vec::clamp_max(std::get<1>(gate), lim)};
+    if (!limit_is_t) {
+      g = round_float<T>(std::get<0>(g), std::get<1>(g));
+    }
+    auto [g0, g1] = g;
+    auto [z0, z1] = round_float<T>(g0 * fVec(alpha), g1 * fVec(alpha));
+    auto [s0, s1] = sigmoid(z0, z1);
+    return round_float<T>(g0 * s0, g1 * s1);
+  }
 
   template <typename>  // T, as gated_rows calls it
   Pair vec(const Pair& gate, const Pair& up) const {
     const fVec lim(limit);
     const fVec neg_lim(-limit);
     const fVec one(1.0f);
-    Pair g{at::vec::clamp_max(std::get<0>(gate), lim), at::vec::clamp_max(std::get<1>(gate), lim)};
     Pair u{at::vec::clamp(std::get<0>(up), neg_lim, lim), at::vec::clamp(std::get<1>(up), neg_lim, lim)};
     if (!limit_is_t) {
-      g = round_float<T>(std::get<0>(g), std::get<1>(g));
       u = round_float<T>(std::get<0>(u), std::get<1>(u));
     }
-    auto [g0, g1] = g;
     auto [u0, u1] = u;
-    auto [z0, z1] = round_float<T>(g0 * fVec(alpha), g1 * fVec(alpha));
-    auto [s0, s1] = sigmoid(z0, z1);
-    auto [glu0, glu1] = round_float<T>(g0 * s0, g1 * s1);
+    auto [glu0, glu1] = glu_table != nullptr ? looked_up_glu(gate) : glu(gate);
     auto [v0, v1] = round_float<T>(u0 + one, u1 + one);
     return {v0 * glu0, v1 * glu1};
   }
@@ -204,6 +218,31 @@ struct SwigluOai {
     const float u = r(std::isnan(uf) ? uf : std::min(std::max(uf, -limit), limit));
     const float glu = r(g * r(Sigmoid{}(r(g * alpha))));
     return static_cast<T>(r(u + 1.0f) * glu);
+  }
+
+ private:
+  struct GluTag {};
+
+  const T* make_glu_table() const {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (table16::kLooksUp<T>) {
+      if (table16::tables_enabled()) {
+        const uint64_t key = uint64_t{c10::bit_cast<uint32_t>(alpha)} << 32 | c10::bit_cast<uint32_t>(limit);
+        return table16::keyed_table_of<T, GluTag>(key, [this](const fVec& g0, const fVec& g1) { return glu({g0, g1}); });
+      }
+    }
+#endif
+    return nullptr;
+  }
+
+  Pair looked_up_glu(const Pair& gate) const {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (table16::kLooksUp<T>) {
+      return {table16::entry_float<T>(table16::gather_lanes(glu_table, std::get<0>(gate))),
+              table16::entry_float<T>(table16::gather_lanes(glu_table, std::get<1>(gate)))};
+    }
+#endif
+    return glu(gate);  // never: no table here
   }
 };
 

@@ -18,7 +18,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -58,24 +61,51 @@ constexpr bool kLooksUp =
     false;
 #endif
 
-// table[v] = Fn{}(float(v)) rounded to T by store_float, for every bit pattern v of T: what
-// the vector path stores for v. Built on first use (thread-safe), kept for the process.
+// A table's entries: t[v] = f(x0, x1) (one step: fp32 lanes holding T values, two fp32
+// vectors back) rounded to T by store_float, for every bit pattern v of T; what the vector
+// path stores for v. 65536 entries and the padding that gathers read past the last.
+template <typename T>
+std::vector<T> tabulate(const std::function<std::tuple<fVec, fVec>(const fVec&, const fVec&)>& f) {
+  std::vector<T> t(65536 + kStep);  // gathers read 2 bytes past an entry
+  alignas(64) uint16_t bits[kStep];
+  for (int32_t base = 0; base < 65536; base += kStep) {
+    for (int32_t j = 0; j < kStep; ++j) {
+      bits[j] = static_cast<uint16_t>(base + j);
+    }
+    auto [x0, x1] = float_vec::load_float(reinterpret_cast<const T*>(bits));
+    auto [y0, y1] = f(x0, x1);
+    float_vec::store_float(t.data() + base, y0, y1);
+  }
+  return t;
+}
+
+// Fn{}'s table, built on first use (thread-safe), kept for the process.
 template <typename T, typename Fn>
 const T* table_of() {
-  static const std::vector<T> table = [] {
-    std::vector<T> t(65536 + kStep);  // gathers read 2 bytes past an entry
-    const Fn fn{};
-    alignas(64) uint16_t bits[kStep];
-    for (int32_t base = 0; base < 65536; base += kStep) {
-      for (int32_t j = 0; j < kStep; ++j) {
-        bits[j] = static_cast<uint16_t>(base + j);
-      }
-      auto [x0, x1] = float_vec::load_float(reinterpret_cast<const T*>(bits));
-      float_vec::store_float(t.data() + base, fn(x0), fn(x1));
-    }
-    return t;
-  }();
+  static const std::vector<T> table = tabulate<T>([fn = Fn{}](const fVec& x0, const fVec& x1) {
+    return std::tuple<fVec, fVec>{fn(x0), fn(x1)};
+  });
   return table.data();
+}
+
+// The table of a function with parameters (swigluoai's alpha and limit), one per `key` (the
+// parameters' bits) and per Tag: built by tabulate<T>(f) on the key's first use, kept for the
+// process. Null once kMaxKeyedTables keys have tables (128 KiB each; a model has one or two):
+// the caller then computes.
+constexpr size_t kMaxKeyedTables = 16;
+template <typename T, typename Tag>
+const T* keyed_table_of(uint64_t key, const std::function<std::tuple<fVec, fVec>(const fVec&, const fVec&)>& f) {
+  static std::mutex mutex;
+  static std::map<uint64_t, std::vector<T>> tables;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = tables.find(key);
+  if (it == tables.end()) {
+    if (tables.size() >= kMaxKeyedTables) {
+      return nullptr;
+    }
+    it = tables.emplace(key, tabulate<T>(f)).first;
+  }
+  return it->second.data();
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
