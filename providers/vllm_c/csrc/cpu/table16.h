@@ -281,7 +281,8 @@ class Reader {
 
   // Whether computed steps (with their declined ones looked up) take less time than looking
   // every step up, on inputs spread like activations (bf16, roughly normal, sd ~2): the best of
-  // five interleaved timings of each path over 64 KiB of them (~0.5 ms, once per process).
+  // five interleaved timings of each path, each 8 passes over 4096 of them (~0.5 ms, once per
+  // process).
   static bool computing_is_faster() {
     static const bool faster = [] {
       constexpr int64_t kCount = 4096;
