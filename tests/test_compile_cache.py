@@ -224,3 +224,44 @@ def test_fresh_processes_find_the_entry_of_their_own_priority(cache_dir):
         assert result["selected"] == {"rms_norm": {"rms_norm": provider}} and result["from_cache"] == [True]
     expected = runs[0][1].sum().item()
     assert results["test_opaque"]["out"] == pytest.approx(expected) == pytest.approx(results["test_opaque_b"]["out"])
+
+
+_PLAIN_CHILD = """
+import json, sys
+sys.path.insert(0, {root!r})
+import torch
+import vllm_ir
+from torch._dynamo.utils import counters
+from tests.compile_models import register_test_providers
+from tests.test_compile_cache import model
+register_test_providers()
+vllm_ir.set_priority(rms_norm=["test_opaque"])
+options = vllm_ir.inductor_options()
+compiled = torch.compile(model, options=options)
+compiled(torch.ones(4, 32))
+record = vllm_ir.passes.record_of(options)
+print(json.dumps({{"hit": counters["inductor"]["fxgraph_cache_hit"], "selected": record.selected_impls,
+                  "from_cache": [g.from_cache for g in record.graphs]}}))
+"""
+
+
+def test_plain_torch_compile_keeps_its_record_when_inductors_cache_is_warm(tmp_path):
+    """``torch.compile(options=inductor_options())`` run twice: the second run's graph comes from the
+    cache, its passes do not run, and record_of(options) still lists what the first lowering chose."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    results = []
+    for _ in range(2):
+        child = subprocess.run(
+            [sys.executable, "-c", _PLAIN_CHILD.format(root=str(ROOT))],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert child.returncode == 0, child.stderr[-3000:]
+        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    cold, warm = results
+    assert cold["hit"] == 0 and cold["from_cache"] == [False]
+    assert warm["hit"] == 1 and warm["from_cache"] == [True]
+    assert cold["selected"] == warm["selected"] == {"rms_norm": {"rms_norm": "test_opaque"}}

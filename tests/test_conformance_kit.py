@@ -91,6 +91,24 @@ def test_predicate_reading_batch_size_concretely_is_caught():
         check_predicate_hygiene(*_register("kit_parity", supports_args=by_batch), CASE)
 
 
+def test_a_reason_quoting_a_size_passes_hygiene():
+    # On symbolic tensors the reason reads "got s49", on real ones "got 7": the verdict is the same.
+    def hidden_multiple_of_8(x, weight, epsilon, variance_size=None):
+        return x.shape[-1] % 8 == 0 or vllm_ir.Unsupported(f"needs hidden % 8 == 0, got {x.shape[-1]}")
+
+    check_predicate_hygiene(*_register("kit_quoting", supports_args=hidden_multiple_of_8), Case((3, 7), torch.float32))
+
+
+def test_a_reason_on_real_tensors_only_is_caught():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def reason_only_on_real(x, weight, epsilon, variance_size=None):
+        return vllm_ir.Unsupported("declined") if not isinstance(x, FakeTensor) else False
+
+    with pytest.raises(AssertionError, match="supports_args says False on fake tensors"):
+        check_predicate_hygiene(*_register("kit_reasonless", supports_args=reason_only_on_real), CASE)
+
+
 def test_correct_predicate_passes_hygiene():
     def fp32_only(x, weight, epsilon, variance_size=None):
         return x.dtype == torch.float32 or vllm_ir.Unsupported("fp32 only")

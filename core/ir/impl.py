@@ -77,6 +77,10 @@ class IrOpImpl:
     #: values, or a callable returning one, re-read at every compile. It goes into the compile
     #: cache key (`vllm_ir.passes.cache.facts_fingerprint`), so a changed fact recompiles.
     compile_facts: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = field(default=None, repr=False)
+    #: Whether lowering can trace it into compiled graphs in this process (an `Unsupported`
+    #: says why not, e.g. Triton's CPU interpreter, which needs real data): where it cannot,
+    #: compile-mode priorities skip it with that reason and the kit skips its compiled check.
+    lowerable: bool | Unsupported = True
 
     @property
     def has_inplace_kernel(self) -> bool:

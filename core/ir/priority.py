@@ -26,7 +26,7 @@ from vllm_ir import env
 from vllm_ir.env import ConfigError, Finding
 from vllm_ir.errors import PriorityError, UnknownOpError
 from vllm_ir.ir import registry
-from vllm_ir.ir.impl import NATIVE, IrOpImpl
+from vllm_ir.ir.impl import NATIVE, IrOpImpl, reason_of
 
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
@@ -298,6 +298,9 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None) -> ResolvedPriority:
             )
         elif not impl.supported:
             entries.append(ResolvedEntry(entry, EntryStatus.UNSUPPORTED, impl.unsupported_reason))
+        elif mode == "compile" and not impl.lowerable:
+            reason = reason_of(impl.lowerable, "cannot be traced into compiled graphs here")
+            entries.append(ResolvedEntry(entry, EntryStatus.UNSUPPORTED, f"under compile: {reason}"))
         elif st.batch_invariant and not impl.batch_invariant and impl.provider != NATIVE:
             entries.append(
                 ResolvedEntry(

@@ -16,8 +16,9 @@ import torch
 
 from vllm_ir.errors import PredicateError, ProviderWarning
 from vllm_ir.ir import priority as _priority
+from vllm_ir.ir import results
 from vllm_ir.ir.fallback import user_stacklevel
-from vllm_ir.ir.impl import IrOpImpl, Unsupported, reason_of
+from vllm_ir.ir.impl import NATIVE, IrOpImpl, Unsupported, reason_of
 from vllm_ir.ir.priority import EntryStatus, Mode, PriorityLayer, current_scope
 from vllm_ir.log import get_logger
 
@@ -178,7 +179,15 @@ def make_decision(op: IrOp, impl: IrOpImpl, skipped: tuple[tuple[str, str], ...]
         functional = _cloning(fn, op.activation_indices)
     in_place = impl.inplace_fn or fn
     guard = impl.has_inplace_kernel and bool(op.activation_indices)
-    return Decision(impl, skipped, cacheable, functional=functional, maybe_inplace=in_place, guard_donation=guard)
+    decision = Decision(impl, skipped, cacheable, functional=functional, maybe_inplace=in_place, guard_donation=guard)
+    if impl.provider != NATIVE:  # a kernel's first result is checked for the kind native returns
+        decision.functional = results.checked_once(
+            op, impl, functional, functional=True, settle=lambda: setattr(decision, "functional", functional)
+        )
+        decision.maybe_inplace = results.checked_once(
+            op, impl, in_place, functional=False, settle=lambda: setattr(decision, "maybe_inplace", in_place)
+        )
+    return decision
 
 
 def _cloning(fn: Callable[..., Any], indices: tuple[int, ...]) -> Callable[..., Any]:

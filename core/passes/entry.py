@@ -467,4 +467,5 @@ def record_of(obj: Any) -> PipelineRecord:
         record = getattr(obj, _RECORD_ATTR, None)
     if record is None:
         raise ValueError("not options from vllm_ir.inductor_options() nor a model from vllm_ir.compile()")
+    record.settle()
     return record

@@ -42,8 +42,10 @@ from torch._inductor.pattern_matcher import (
 )
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from vllm_ir.errors import KernelResultError
 from vllm_ir.ir import fallback as _fallback
 from vllm_ir.ir import priority as _priority
+from vllm_ir.ir import results
 from vllm_ir.ir import selection as _selection
 from vllm_ir.ir.op import IrOp
 from vllm_ir.log import get_logger
@@ -123,6 +125,19 @@ def _describe(value: Any) -> object | None:
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
         return (type(value).__name__, repr(value))
     return None  # SymInts, SymFloats and anything else: no cache
+
+
+def _result_problem(op: IrOp, impl: Any, gm: fx.GraphModule, node: fx.Node) -> str | None:
+    """Why the traced kernel's result is not the kind the IR node's is (`vllm_ir.ir.results`), or None."""
+    (out,) = (n.args[0] for n in gm.graph.nodes if n.op == "output")
+    traced = pytree.tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, out)
+    if isinstance(traced, (list, tuple)) and len(traced) == 1 and isinstance(node.meta.get("val"), torch.Tensor):
+        traced = traced[0]  # make_fx flattens a lone tensor result into a 1-tuple
+    try:
+        results.check_traced(op, impl, traced, node.meta.get("val"))
+    except KernelResultError as exc:
+        return str(exc)
+    return None
 
 
 def _replayable(gm: fx.GraphModule) -> bool:
@@ -365,6 +380,10 @@ class LoweringPass(CustomGraphPass):
                 gm = trace_impl(fn, fakes)
             except Exception as exc:
                 self._failed(state, node, f"tracing provider {impl.provider!r} failed: {type(exc).__name__}: {exc}")
+                return
+            problem = _result_problem(op, impl, gm, node)
+            if problem is not None:
+                self._failed(state, node, problem)
                 return
             if key is not None and _replayable(gm):
                 state.traces.graphs[key] = gm

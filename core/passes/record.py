@@ -3,9 +3,9 @@
 A `PipelineRecord` belongs to one set of options (one ``inductor_options()`` call); every
 graph lowered with them adds a report. A graph served from Inductor's FX graph cache runs
 none of our passes: the report of the compile that filled the cache entry is stored next to
-it (``<cache dir>/vllm_ir_reports``) and named in the Inductor counters the cache replays, so
-`vllm_ir.passes.compile` finds it again (``from_cache=True``). With plain
-``torch.compile(options=inductor_options())`` a cache hit adds no report.
+it (``<cache dir>/vllm_ir_reports``) and named in the Inductor counters the cache replays:
+`vllm_ir.passes.compile` finds it again at once (``from_cache=True``), and with plain
+``torch.compile(options=inductor_options())`` `record_of` finds it when it is read (`PipelineRecord.settle`).
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ class PipelineRecord:
     graphs: list[GraphReport] = field(default_factory=list)
     #: Seconds spent in each pass, summed over graphs.
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    #: Compiles begun since the last `settle`: (Inductor's counters then, len(graphs) then).
+    _begun: list[tuple[Any, int]] = field(default_factory=list, repr=False)
 
     @property
     def selected_impls(self) -> SelectedImpls:
@@ -102,6 +104,35 @@ class PipelineRecord:
     def add_functionalize(self, report: FunctionalizeReport, seconds: float) -> None:
         self.functionalized.append(report)
         self.seconds["functionalize"] += seconds
+        self.begin_compile()
+
+    def begin_compile(self) -> None:
+        """A compile with these options began. Pre-grad passes run before Inductor's cache lookup,
+        hit or miss; the post-grad ones only on a miss. So a compile that adds no report by the
+        next `settle` was a cache hit, and the counters it replayed name the stored reports."""
+        from torch._dynamo.utils import counters
+
+        with _last_lock:
+            self._begun.append((counters["inductor"].copy(), len(self.graphs)))
+
+    def settle(self) -> None:
+        """Add the stored reports of graphs served from Inductor's cache since `begin_compile`
+        (plain ``torch.compile(options=inductor_options())``, which no back-end of ours wraps)."""
+        from torch._dynamo.utils import counters
+
+        with _last_lock:
+            begun, self._begun = self._begun, []
+            if not begun:
+                return
+            ends = [*begun[1:], (counters["inductor"].copy(), len(self.graphs))]
+            found = []
+            for (start, graphs_then), (end, graphs_after) in zip(begun, ends, strict=True):
+                if graphs_after == graphs_then:  # none of our post-grad passes ran: a cache hit
+                    found.append((graphs_then, reports_from_counters(end - start)))
+            for at, reports in reversed(found):
+                self.graphs[at:at] = reports
+            if found and found[-1][1]:
+                _set_last_selected_locked(found[-1][1][-1].selected_impls)
 
     def add_time(self, name: str, seconds: float) -> None:
         self.seconds[name] += seconds
@@ -112,9 +143,13 @@ _last_selected: SelectedImpls = {}
 
 
 def set_last_selected(selected: SelectedImpls) -> None:
-    global _last_selected
     with _last_lock:
-        _last_selected = {op: dict(nodes) for op, nodes in selected.items()}
+        _set_last_selected_locked(selected)
+
+
+def _set_last_selected_locked(selected: SelectedImpls) -> None:
+    global _last_selected
+    _last_selected = {op: dict(nodes) for op, nodes in selected.items()}
 
 
 def last_selected_impls() -> SelectedImpls:

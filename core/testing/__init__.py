@@ -9,6 +9,7 @@ from vllm_ir.testing.cases import Case, grid, property_strategy
 from vllm_ir.testing.checks import (
     OUTCOMES,
     Outcome,
+    check_batch_invariance,
     check_cache_agreement,
     check_compiled,
     check_numerics,
@@ -26,6 +27,7 @@ __all__ = [
     "OUTCOMES",
     "Case",
     "Outcome",
+    "check_batch_invariance",
     "check_cache_agreement",
     "check_compiled",
     "check_numerics",

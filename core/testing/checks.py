@@ -401,7 +401,9 @@ def _name(dtype: torch.dtype) -> str:
 
 
 def _same(a: bool | Unsupported, b: bool | Unsupported) -> bool:
-    return bool(a) == bool(b) and reason_of(a, "") == reason_of(b, "")
+    """The same verdict: both accept or both decline. A reason's text may differ (it may quote a
+    size, printed as ``s0`` on symbolic tensors and ``7`` on real ones); whether it gives one may not."""
+    return bool(a) == bool(b) and isinstance(a, Unsupported) == isinstance(b, Unsupported)
 
 
 def check_overloads(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") -> None:
@@ -509,3 +511,80 @@ def check_compiled(op: IrOp, impl: IrOpImpl, case: Case, device: str = "cpu") ->
         f"{_who(op, impl, case)}: eager dispatch picks {eager_choice!r}, lowering picked {selected}"
     )
     compare(op, impl, case, actual, expected, args)
+
+
+#: The batch the invariance check slices: an odd token count, and a larger batch around it.
+INVARIANCE_TOKENS = 37
+INVARIANCE_PADDED_TOKENS = 64
+INVARIANCE_HIDDEN = 1024
+
+
+def _token_slices(op: IrOp, args: tuple, rows: slice) -> tuple:
+    """``args`` with every token parameter cut to ``rows`` (fresh, contiguous copies)."""
+    names = list(op.signature.parameters)
+    return tuple(
+        a[rows].clone() if names[i] in op.token_params and isinstance(a, torch.Tensor) and a.dim() else a
+        for i, a in enumerate(args)
+    )
+
+
+def _token_outputs(out: Any, tokens: int) -> list[torch.Tensor]:
+    """The outputs that have the token dimension (per-tensor statistics have none)."""
+    return [t for t in _tensors(out) if t.dim() and t.shape[0] == tokens]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A view that compares every bit (NaN payloads, -0.0) rather than values."""
+    return t.contiguous().view(torch.uint8)
+
+
+def check_batch_invariance(op: IrOp, impl: IrOpImpl, dtype: torch.dtype, variant: str, device: str = "cpu") -> str:
+    """A provider that declares ``batch_invariant=True`` computes every row bit for bit the same
+    whatever else is in the batch: alone, in sub-batches of several sizes and positions, at odd
+    token counts and inside a larger batch. Returns what was checked, or why nothing was.
+
+    Only row-wise ops are checked: where native's own rows depend on the batch (a per-tensor
+    scale), the claim can only mean "deterministic", which the other checks cover.
+    """
+    options = dict(op.input_variants.get(variant, {}))
+    full = Case((INVARIANCE_PADDED_TOKENS, INVARIANCE_HIDDEN), dtype, variant, options).make_args(op, device)
+    args = _token_slices(op, full, slice(0, INVARIANCE_TOKENS))
+    if not _verdict(impl, args):
+        return "declined"
+    t = INVARIANCE_TOKENS
+    expected = _token_outputs(op.fn(*args), t)
+    if not expected:
+        return "no per-token output"
+    for rows in (slice(0, 1), slice(t - 1, t)):
+        alone = _token_outputs(op.fn(*_token_slices(op, args, rows)), 1)
+        atol, rtol = tolerance(op, impl, dtype)
+        if len(alone) != len(expected) or not all(
+            torch.allclose(a.float(), e[rows].float(), atol=atol, rtol=rtol, equal_nan=True)
+            for a, e in zip(alone, expected, strict=True)
+        ):
+            return "not row-wise (native's rows depend on the batch)"
+    with vllm_ir.priority(**{op.name: [impl.provider]}), warnings.catch_warnings():
+        warnings.simplefilter("ignore", vllm_ir.FallbackWarning)
+        batch = _token_outputs(_run_selected(op, impl, args), t)
+        padded = _token_outputs(_run_selected(op, impl, full), INVARIANCE_PADDED_TOKENS)
+        #: (rows of the t-token batch, the same rows computed another way, how)
+        others = [
+            (slice(0, t), [p[:t] for p in padded], f"the first {t} rows of a {INVARIANCE_PADDED_TOKENS}-token batch")
+        ]
+        for rows in (slice(0, 1), slice(17, 18), slice(t - 1, t), slice(0, 2), slice(5, 12), slice(t - 4, t)):
+            n = rows.stop - rows.start
+            part = _token_outputs(_run_selected(op, impl, _token_slices(op, args, rows)), n)
+            others.append((rows, part, f"a {n}-token batch of rows {rows.start}..{rows.stop - 1}"))
+    who = f"op {op.name!r}, provider {impl.provider!r} (declares batch_invariant=True), {_name(dtype)} {variant}"
+    for rows, outputs, how in others:
+        for i, (got, whole) in enumerate(zip(outputs, batch, strict=True)):
+            want = whole[rows]
+            differ = (_bits(got).reshape(got.shape[0], -1) != _bits(want).reshape(want.shape[0], -1)).any(-1)
+            if differ.any():
+                row = rows.start + int(differ.nonzero()[0])
+                raise AssertionError(
+                    f"{who}: row {row} of output {i} differs between a {t}-token batch and {how} "
+                    f"(max abs difference {(got.float() - want.float()).abs().max().item():.3g}); "
+                    "a batch-invariant kernel computes every row the same way whatever the batch"
+                )
+    return "checked"

@@ -24,5 +24,6 @@ for _provider in _providers():
             examples=_config.getoption("--vllm-ir-examples"),
             compiled="--vllm-ir-skip-compile given" if _config.getoption("--vllm-ir-skip-compile") else True,
             device=_config.getoption("--vllm-ir-device"),
+            seed=_config.getoption("--vllm-ir-seed"),
         )
     )

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import vllm_ir
-from vllm_ir.ir.impl import IrOpImpl
+from vllm_ir.ir.impl import IrOpImpl, reason_of
 from vllm_ir.ir.op import IrOp
 from vllm_ir.testing import checks
 from vllm_ir.testing.cases import DTYPES, Case, grid, property_strategy
@@ -98,6 +98,7 @@ def conformance_tests(
     ops: Collection[str] | Callable[[str], bool] | None = None,
     label: str = "",
     focused_variants: bool = True,
+    seed: int | None = 0,
 ) -> dict[str, Callable[..., Any]]:
     """pytest test functions that check every implementation of ``provider`` against its op.
 
@@ -115,6 +116,8 @@ def conformance_tests(
     :param focused_variants: run the focused checks (predicate hygiene, cache agreement,
         overloads) on every input variant too; False keeps them to the default variant's
         layouts (the numerics grid still covers every variant), for slow back-ends.
+    :param seed: seed of the property-based cases, so that a failing run reproduces; None draws
+        afresh every run (hypothesis's own randomness).
     """
     impls = provider_impls(provider)
     if ops is not None:
@@ -147,6 +150,13 @@ def conformance_tests(
         for label, _args in odd_inputs(op, dtype)  # labels only: the same on every device
     ]
     op_params = [pytest.param(op.name, id=op.name) for op in ops]
+    invariance_params = [
+        pytest.param(op.name, dtype, variant, id=f"{op.name}-{str(dtype).removeprefix('torch.')}-{variant}")
+        for op, impl in zip(ops, impls, strict=True)
+        if impl.batch_invariant
+        for dtype in op_dtypes[op.name]
+        for variant in ("default", *op.input_variants)
+    ]
 
     def resolve(op_name: str) -> tuple[IrOp, IrOpImpl]:
         unavailable = device_unavailable(device)
@@ -160,6 +170,7 @@ def conformance_tests(
 
     @pytest.mark.parametrize("op_name", op_params)
     def test_numerics_property(op_name: str) -> None:
+        import hypothesis
         from hypothesis import HealthCheck, given, settings
 
         op, impl = resolve(op_name)
@@ -169,7 +180,7 @@ def conformance_tests(
         def run(case: Case) -> None:
             checks.check_numerics(op, impl, case, device)
 
-        run()
+        (run if seed is None else hypothesis.seed(seed)(run))()
 
     @pytest.mark.parametrize(("op_name", "case"), focused)
     def test_predicate_hygiene(op_name: str, case: Case) -> None:
@@ -192,11 +203,20 @@ def conformance_tests(
         op, impl = resolve(op_name)
         checks.check_opcheck(op, impl, Case((3, 64), torch.float32), device)
 
+    @pytest.mark.parametrize(("op_name", "dtype", "variant"), invariance_params)
+    def test_batch_invariance(op_name: str, dtype: torch.dtype, variant: str) -> None:
+        outcome = checks.check_batch_invariance(*resolve(op_name), dtype, variant, device)
+        if outcome != "checked":
+            pytest.skip(f"batch invariance not checked: {outcome}")
+
     @pytest.mark.parametrize("op_name", op_params)
     def test_eager_vs_compiled(op_name: str) -> None:
         if compiled is not True:
             pytest.skip(str(compiled) or "compiled check disabled")
         op, impl = resolve(op_name)
+        if not impl.lowerable:
+            why = reason_of(impl.lowerable, "its implementation says so")
+            pytest.skip(f"{provider} cannot be lowered into compiled graphs here: {why}")
         checks.check_compiled(op, impl, Case((3, 64), torch.float32), device)
 
     names = {
@@ -208,6 +228,7 @@ def conformance_tests(
         "odd_inputs": test_odd_inputs,
         "overload_semantics": test_overload_semantics,
         "opcheck": test_opcheck,
+        "batch_invariance": test_batch_invariance,
     }
     prefix = f"test_conformance_{provider}_{label}_" if label else f"test_conformance_{provider}_"
     return {f"{prefix}{k}": _renamed(f, f"{prefix}{k}") for k, f in names.items()}

@@ -32,6 +32,7 @@ CHECKS = (
     "odd_inputs",
     "overload_semantics",
     "opcheck",
+    "batch_invariance",
 )
 _TOLERANCE = re.compile(r"case (\S+): max abs error (\S+) is (\S+)x the tolerance")
 
@@ -61,6 +62,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--vllm-ir-small", action="store_true", help="small shapes only (slow back-ends)")
     group.addoption("--vllm-ir-examples", type=int, default=20, help="hypothesis examples per op")
+    group.addoption(
+        "--vllm-ir-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the property-based cases (default 0: every run draws the same cases)",
+    )
+    group.addoption(
+        "--vllm-ir-explore",
+        action="store_true",
+        help="draw new property-based cases from a random seed (printed, for --vllm-ir-seed to replay)",
+    )
     group.addoption(
         "--vllm-ir-skip-compile",
         action="store_true",
@@ -129,10 +142,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if named:
         _check_names(named)
         run.providers = list(dict.fromkeys(named))
+    if config.getoption("--vllm-ir-explore"):
+        import random
+
+        config.option.vllm_ir_seed = random.SystemRandom().randrange(2**32)
+    # The kit's summary gives each failure's message and a re-run command; tracebacks on request (--tb).
+    if getattr(config.option, "tbstyle", "auto") == "auto":
+        config.option.tbstyle = "no"
     # Without explicit paths pytest would collect the current folder: run the kit alone.
     if config.args == [str(config.invocation_params.dir)]:
         config.args[:] = [str(_SUITE)]
-    elif str(_SUITE) not in config.args:
+    elif not any(a == str(_SUITE) or a.startswith(f"{_SUITE}::") for a in config.args):
         config.args.append(str(_SUITE))
 
 
@@ -163,10 +183,18 @@ def _check_names(named: list[str]) -> None:
     import vllm_ir
     from vllm_ir import env
 
-    records = {r.name for r in vllm_ir.provider_records()}
+    by_name = {r.name: r for r in vllm_ir.provider_records()}
+    records = set(by_name)
     implemented = {p for op in vllm_ir.ops for p in op.impls}
     known = sorted((records | implemented) - {"native"})
     for name in named:
+        record = by_name.get(name)
+        if record is not None and name not in implemented and record.implementations:
+            names = ", ".join(sorted(record.implementations))
+            raise pytest.UsageError(
+                f"--vllm-ir-provider {name!r}: that is the entry point of {record.distribution}, not a provider "
+                f"name; it registers the provider(s) {names}: pass --vllm-ir-provider with one of those"
+            )
         if name not in records and name not in implemented:
             raise pytest.UsageError(
                 f"--vllm-ir-provider {name!r}: unknown provider; known providers: {', '.join(known) or '(none)'}"
@@ -218,6 +246,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     provider, check, op_name, label = meta
     tally = run.tallies[provider]
     per_op = tally.op(op_name or "(all)")
+    per_check = per_op.setdefault("checks", {}).setdefault(check, {"ran": 0, "failed": 0})
+    if (report.passed and report.when == "call") or report.failed:
+        per_check["ran"] += 1
     if report.skipped and report.when in ("setup", "call"):
         reason = _skip_reason(report)
         tally.skipped += 1
@@ -227,7 +258,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         tally.failed += 1
         per_op["failed"] += 1
         message = _failure_message(report)
-        per_op["failures"].append({"check": check, "case": label, "message": message})
+        per_check["failed"] += 1
+        per_op["failures"].append({"check": check, "case": label, "message": message, "rerun": _rerun(run, report)})
         found = _TOLERANCE.search(message)
         if found and op_name:
             case, abs_err, ratio = found.groups()
@@ -237,6 +269,26 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.passed and report.when == "call":
         tally.passed += 1
         per_op["passed"] += 1
+
+
+def _rerun(run: _Run, report: pytest.TestReport) -> str:
+    """A command that runs exactly this kit test again (the node id with the suite's full path)."""
+    import shlex
+
+    test = report.nodeid.split("::", 1)[1]
+    parts = ["pytest", "--vllm-ir-conformance"]
+    for name in run.providers:
+        parts += ["--vllm-ir-provider", name]
+    device = run.config.getoption("--vllm-ir-device")
+    if device != "cpu":
+        parts += ["--vllm-ir-device", device]
+    for flag in ("--vllm-ir-small", "--vllm-ir-skip-compile"):
+        if run.config.getoption(flag):
+            parts.append(flag)
+    if test.startswith(tuple(f"test_conformance_{p}_numerics_property" for p in run.tallies)):
+        parts += ["--vllm-ir-seed", str(run.config.getoption("--vllm-ir-seed"))]
+        parts += ["--vllm-ir-examples", str(run.config.getoption("--vllm-ir-examples"))]
+    return shlex.join([*parts, f"{_SUITE}::{test}"])
 
 
 def _float(text: str) -> float:
@@ -358,13 +410,42 @@ def _report(run: _Run) -> dict[str, Any]:
     }
 
 
+def _failure_lines(run: _Run, provider: str, tally: _Tally, width: int) -> list[str]:
+    """Per (op, check) that failed: counts, the worst case and its message, and its re-run command."""
+    lines = []
+    for op_name, counts in sorted(tally.ops.items()):
+        by_check: dict[str, list[dict[str, Any]]] = {}
+        for failure in counts["failures"]:
+            by_check.setdefault(failure["check"], []).append(failure)
+        for check, failures in by_check.items():
+            worst = max(failures, key=lambda f: _ratio_of(f["message"]))
+            ran = counts.get("checks", {}).get(check, {}).get("ran", len(failures))
+            first = worst["message"].splitlines()[0] if worst["message"] else "failed"
+            head = f"    {op_name} {check}: {len(failures)} of {ran} failed; worst {worst['case'] or op_name}: "
+            room = max(40, width - len(head))
+            lines.append(head + (first if len(first) <= room else first[: room - 3] + "..."))
+            lines.append(f"      re-run: {worst['rerun']}")
+    return lines
+
+
+def _ratio_of(message: str) -> float:
+    found = _TOLERANCE.search(message)
+    return _float(found.group(3)) if found else 0.0
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     run = config.stash.get(_RUN, None)
     if run is None:
         return
     tr = terminalreporter
     tr.section("vllm-ir conformance")
+    seed = config.getoption("--vllm-ir-seed")
+    how = "drawn by --vllm-ir-explore" if config.getoption("--vllm-ir-explore") else "the default"
+    tr.write_line(f"property-based cases: seed {seed} ({how}; --vllm-ir-seed {seed} replays them)")
     for (op, provider), w in sorted(_worst(run).items()):
+        if not w["failed"] and w["max_abs_error"] == 0 and w["tolerance_ratio"] == 0:
+            tr.write_line(f"{provider:>12} {op:<22} max abs error 0 on every case")
+            continue
         status = "FAILED " if w["failed"] else ""
         tr.write_line(
             f"{provider:>12} {op:<22} worst case {status}{w['case']}: max abs error {w['max_abs_error']:.3g} "
@@ -379,6 +460,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{provider:>12} ran {tally.ran} case(s): {tally.passed} passed, {tally.failed} failed, "
             f"{tally.skipped} skipped"
         )
+        for line in _failure_lines(run, provider, tally, tr._tw.fullwidth):
+            tr.write_line(line, red=True)
     nothing = _ran_nothing(run)
     allow = config.getoption("--vllm-ir-allow-skip")
     for provider in nothing:

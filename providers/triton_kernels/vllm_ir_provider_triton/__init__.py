@@ -91,12 +91,25 @@ def compile_facts() -> dict[str, object]:
     }
 
 
+#: Why compiled graphs cannot run these kernels here: the interpreter executes each program on
+#: real data, and lowering traces kernels on fake tensors, which have none.
+INTERPRETER_NOT_LOWERABLE = vllm_ir.Unsupported(
+    "Triton's CPU interpreter (TRITON_INTERPRET=1) cannot run kernels traced on fake tensors; "
+    "compiled Triton kernels need a GPU"
+)
+
+
 def _declare_compile_facts() -> None:
-    """Give every implementation this package registered its `compile_facts` (before it is used)."""
+    """Give every implementation this package registered its `compile_facts` (before it is used),
+    and, under the interpreter, mark it as not lowerable (compile-mode priorities skip it)."""
     for op in vllm_ir.ops:
         impl = op.impls.get(PROVIDER)
-        if impl is not None and impl.compile_facts is None:
+        if impl is None:
+            continue
+        if impl.compile_facts is None:
             impl.compile_facts = compile_facts
+        if interpreting():
+            impl.lowerable = INTERPRETER_NOT_LOWERABLE
 
 
 PROVIDER = "triton"

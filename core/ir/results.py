@@ -1,0 +1,148 @@
+"""What a kernel owes its caller, checked where it is cheap.
+
+A provider's kernel must return what the op's native function returns for the same call:
+as many tensors, each with native's dtype, shape and device; and the default overload owes
+fresh tensors (no output may share memory with an input unless native's does). A kernel that
+breaks this -- returns ``None`` (an unfinished ``...`` body), a tuple of the wrong length, a
+float32 result for a bf16 call, its input back -- would hand the caller a wrong answer or fail
+far from the cause. `check_result` names the op, the provider and the mismatch instead.
+
+Eager dispatch checks the first call of each decision (`checked_once`), never the calls
+answered from the cache after it; lowering checks every traced kernel on fake values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm_ir.errors import KernelResultError
+
+if TYPE_CHECKING:
+    from vllm_ir.ir.impl import IrOpImpl
+    from vllm_ir.ir.op import IrOp
+
+
+def _flat(value: Any) -> list[Any] | None:
+    """The outputs of a result as a list (``None`` for a lone non-tensor result)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    return None
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)} on {value.device}"
+    return type(value).__name__ if value is not None else "None"
+
+
+def expected_result(op: IrOp, args: Sequence[Any]) -> Any | None:
+    """Native's result for ``args`` on fake tensors (metadata only), or None where native cannot
+    run on fake tensors (e.g. it reads values): then only the result's structure is checked."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+            fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+            out = op.fn(*fakes)
+    except Exception:
+        return None
+    return _FakeResult(out, fakes)
+
+
+class _FakeResult:
+    """Native's fake outputs, and which of them are (views of) its inputs."""
+
+    def __init__(self, out: Any, fake_args: list[Any]):
+        self.outputs = _flat(out)
+        storages = {a.untyped_storage()._cdata for a in fake_args if isinstance(a, torch.Tensor)}
+        self.aliased = [
+            isinstance(o, torch.Tensor) and o.untyped_storage()._cdata in storages for o in (self.outputs or [])
+        ]
+
+
+def check_result(
+    op: IrOp, impl: IrOpImpl, result: Any, args: Sequence[Any], *, functional: bool, expected: Any | None = None
+) -> None:
+    """Raise `KernelResultError` if ``result`` is not the kind of result ``op`` owes for ``args``.
+
+    :param functional: the default overload ran (outputs must not alias inputs native's don't);
+        False for ``maybe_inplace``, whose kernel may return its donated activations.
+    :param expected: `expected_result` for ``args``, when the caller has it already.
+    """
+    who = f"op {op.name!r}, provider {impl.provider!r}"
+    want = expected if expected is not None else expected_result(op, args)
+    outputs = _flat(result)
+    if outputs is None or not all(isinstance(o, torch.Tensor) for o in outputs):
+        got = _describe(result) if outputs is None else ", ".join(_describe(o) for o in outputs)
+        shape = "a tensor" if want is None or want.outputs is None or len(want.outputs) == 1 else "a tuple of tensors"
+        raise KernelResultError(f"{who}: the kernel returned {got}, expected {shape} (as native returns)")
+    if want is None or want.outputs is None:
+        return
+    if len(outputs) != len(want.outputs):
+        raise KernelResultError(
+            f"{who}: the kernel returned {len(outputs)} tensor(s), native returns {len(want.outputs)}"
+        )
+    for i, (got, exp) in enumerate(zip(outputs, want.outputs, strict=True)):
+        what = f"output {i}" if len(outputs) > 1 else "the output"
+        if got.dtype != exp.dtype or _shapes_differ(got, exp) or got.device.type != exp.device.type:
+            raise KernelResultError(f"{who}: {what} is {_describe(got)}, native's is {_describe(exp)}")
+    if functional:
+        _check_fresh(who, list(op.signature.parameters), outputs, want.aliased, args)
+
+
+def _shapes_differ(got: torch.Tensor, exp: torch.Tensor) -> bool:
+    """Provably different shapes (symbolic sizes are compared without adding guards)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if got.dim() != exp.dim():
+        return True
+    return any(statically_known_true(a != b) for a, b in zip(got.shape, exp.shape, strict=True))
+
+
+def check_traced(op: IrOp, impl: IrOpImpl, traced: Any, expected: Any) -> None:
+    """Under compile: the fake result of a traced kernel against the IR node's (``node.meta["val"]``)."""
+    want = _FakeResult(expected, [])
+    check_result(op, impl, traced, (), functional=False, expected=want)
+
+
+def _check_fresh(
+    who: str, names: list[str], outputs: list[torch.Tensor], native_aliases: list[bool], args: Sequence[Any]
+) -> None:
+    """The default overload owes fresh outputs: none may share memory with an argument (where native's doesn't)."""
+    inputs = {
+        a.untyped_storage().data_ptr(): i
+        for i, a in enumerate(args)
+        if isinstance(a, torch.Tensor) and a.numel() and a.device.type != "meta"
+    }
+    for i, (out, native_alias) in enumerate(zip(outputs, native_aliases, strict=True)):
+        if native_alias or not out.numel() or out.device.type == "meta":
+            continue
+        if out.untyped_storage().data_ptr() in inputs:
+            what = f"output {i}" if len(outputs) > 1 else "the output"
+            raise KernelResultError(
+                f"{who}: {what} shares memory with argument {names[inputs[out.untyped_storage().data_ptr()]]!r} "
+                "where op(...) owes a fresh tensor (register the kernel with inplace=True if it writes its inputs)"
+            )
+
+
+def checked_once(
+    op: IrOp, impl: IrOpImpl, runner: Callable[..., Any], *, functional: bool, settle: Callable[[], None]
+) -> Callable[..., Any]:
+    """``runner`` behind a check of its first result; ``settle()`` then swaps the plain runner in.
+
+    A result that fails the check raises `KernelResultError` and does not settle, so every
+    later call of that decision raises the same way rather than returning garbage.
+    """
+
+    def first_call(*args: Any) -> Any:
+        result = runner(*args)
+        check_result(op, impl, result, args, functional=functional)
+        settle()
+        return result
+
+    return first_call
