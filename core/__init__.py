@@ -16,6 +16,7 @@ from vllm_ir.errors import (
     PriorityError,
     ProviderWarning,
     RegistrationError,
+    ToleranceError,
     UnknownOpError,
     VllmIrError,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "ProviderWarning",
     "PriorityLayer",
     "RegistrationError",
+    "ToleranceError",
     "Unsupported",
     "UnknownOpError",
     "Verdict",

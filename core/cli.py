@@ -377,7 +377,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
             for v in exp.verdicts
         ],
     }
-    _emit(args, payload, str(exp))
+    text = str(exp)
+    if args.verbose:  # where the op and each implementation were registered (innermost frame last)
+        stacks = {"(op)": op.registration_stack}
+        stacks.update(
+            {v.provider: op.impls[v.provider].registration_stack for v in exp.verdicts if v.provider in op.impls}
+        )
+        payload["registration_stacks"] = {who: list(stack) for who, stack in stacks.items()}
+        blocks = [
+            f"{op.name} {who if who != '(op)' else 'declared'} at:\n{''.join(stack).rstrip()}"
+            for who, stack in stacks.items()
+        ]
+        text += "\n\n" + "\n\n".join(blocks)
+    _emit(args, payload, text)
     return 0
 
 
@@ -628,6 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--weight-dtype", type=_parse_dtype, default=None, help="weight dtype (default: --dtype)")
     explain.add_argument("--mode", choices=("eager", "compile"), default="eager")
+    explain.add_argument(
+        "--verbose", action="store_true", help="also show where the op and each implementation were registered"
+    )
     explain.set_defaults(func=cmd_explain)
     verb("doctor", "environment, platform, Triton and provider problems with suggested fixes").set_defaults(
         func=cmd_doctor

@@ -32,6 +32,11 @@ class UnknownOpError(PriorityError, AttributeError):
     """No op of that name is registered."""
 
 
+class ToleranceError(VllmIrError, LookupError, ValueError):
+    """An op has no tolerance for a dtype (neither its own nor a default): set one with
+    ``op.set_tolerance``. A ValueError too, as vLLM's ``get_tolerance`` raises."""
+
+
 class PredicateError(VllmIrError, TypeError):
     """A ``supports_args`` predicate returned something other than a bool or `Unsupported`."""
 

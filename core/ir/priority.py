@@ -1,6 +1,7 @@
 """Which providers an op tries, in what order, and which layer asked for each.
 
-Layers, lowest first: defaults (platform and provider hooks, per mode) < the site config
+Layers, lowest first: defaults (platform and provider hooks, per mode, or an op's
+`IrOp.set_default` list from code, which replaces the hooks' for that op) < the site config
 file (``VLLM_IR_CONFIG``, per mode, `vllm_ir.config`) < the ``VLLM_IR_OP_PRIORITY``
 environment variable < `set_priority` (process-wide) < the scoped `priority` context (per
 thread/task, nests). Each layer's list is placed in front of the layers below it; the first
@@ -124,6 +125,8 @@ scope_var: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vllm_
 _interned_scopes: dict[tuple, _Scope] = {}
 _global: dict[str, tuple[str, ...]] = {}
 _defaults_source: DefaultsSource | None = None
+#: (op, mode) -> providers set from code by `set_default`: replace the hooks' defaults of that op.
+_code_defaults: dict[tuple[str, Mode], tuple[str, ...]] = {}
 #: Provider names known besides the registered implementations (the discovered entry points).
 _known_names: Callable[[], Iterable[str]] = tuple
 
@@ -220,6 +223,21 @@ def set_priority(**op_priorities: Sequence[str] | None) -> None:
         registry.invalidate()
 
 
+def set_default(op_name: str, providers: Sequence[str] | None, *, mode: Mode | None = None) -> None:
+    """The platform-default list of ``op_name`` from code (`IrOp.set_default`): it replaces the
+    hooks' defaults of that op in ``mode`` (both when None); None or empty restores them."""
+    if mode is not None and mode not in MODES:
+        raise PriorityError(f"set_default: mode must be one of {MODES}, got {mode!r}")
+    validated = _validate(op_name, providers, "set_default")
+    with registry.lock:
+        for m in MODES if mode is None else (mode,):
+            if validated:
+                _code_defaults[(op_name, m)] = validated
+            else:
+                _code_defaults.pop((op_name, m), None)
+        registry.invalidate()
+
+
 def clear_priority() -> None:
     """Forget every `set_priority` list."""
     with registry.lock:
@@ -273,7 +291,10 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None) -> ResolvedPriority:
     raw += [PriorityEntry(p, PriorityLayer.ENV, ENV_PRIORITY) for p in st.op_priority.get(op.name, ())]
     config_list = st.config_priority.get(mode, {}).get(op.name, ())
     raw += [PriorityEntry(p, PriorityLayer.CONFIG, st.config_source) for p in config_list]
-    if _defaults_source is not None:
+    code_defaults = _code_defaults.get((op.name, mode))
+    if code_defaults is not None:
+        raw += [PriorityEntry(p, PriorityLayer.DEFAULT, "set_default") for p in code_defaults]
+    elif _defaults_source is not None:
         defaults = _defaults_source(mode).get(op.name, ())
         raw += [PriorityEntry(p, PriorityLayer.DEFAULT, src) for p, src in defaults]
     raw.append(PriorityEntry(NATIVE, PriorityLayer.DEFAULT, "always last"))
