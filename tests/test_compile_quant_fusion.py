@@ -173,7 +173,7 @@ def test_other_uses_of_the_intermediate_and_unsupported_calls_are_rejected_with_
 
     g = torch.Generator().manual_seed(1)
     x, w = torch.randn(4, 32, generator=g), 1 + 0.1 * torch.randn(32, generator=g)
-    scale, per_channel = torch.tensor([0.05]), torch.full((32,), 0.05)
+    scale, per_channel = torch.tensor([0.05]), torch.full((1, 32), 0.05)
     with vllm_ir.priority(**VLLM_C_FIRST):
         compiled, record = compile_with_passes(model)
         out = compiled(x, w, scale, per_channel)

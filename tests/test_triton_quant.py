@@ -131,8 +131,7 @@ def test_static_scale_layouts():
     x = torch.randn(8, 64)
     for scale in (
         torch.rand(8, 1) + 0.01,  # per token
-        torch.rand(8) + 0.01,  # per token, 1-D
-        torch.rand(64) + 0.01,  # per channel
+        torch.rand(1, 64) + 0.01,  # per channel
         torch.rand(4, 2) + 0.01,  # 2 x 32 blocks
         (torch.rand(8, 3) + 0.01)[:, :1],  # per token, a strided view
         torch.tensor(0.05),  # 0-d per tensor
@@ -145,6 +144,9 @@ def test_static_scale_layouts():
         impl.fn(x3, torch.rand(2, 1, 1), torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"static_quant_fp8 \(provider triton\): scale of shape \[3, 2\] does not"):
         impl.fn(x, torch.rand(3, 2), torch.float8_e4m3fn)
+    for ambiguous in (torch.rand(8) + 0.01, torch.rand(64) + 0.01):  # per token or per channel? (native refuses)
+        with pytest.raises(ValueError, match=r"\(provider triton\): a 1-D scale of \d+ elements is ambiguous"):
+            impl.fn(x, ambiguous, torch.float8_e4m3fn)
 
 
 def test_row_strided_and_broadcast_rows_read_in_place():

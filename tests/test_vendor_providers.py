@@ -578,18 +578,18 @@ def test_xpu_quant_predicates_decline_cpu_and_old_static_without_group_shape(xpu
     x = torch.randn(4, 64)
     assert xpu_quant.dynamic_supports(x, True, E4M3).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
     monkeypatch.setattr(xpu_quant, "_on_xpu", lambda x: True)  # stand in for an XPU tensor
-    assert xpu_quant.static_supports(x, torch.ones(64), E4M3) is True
+    assert xpu_quant.static_supports(x, torch.ones(1, 64), E4M3) is True
+    assert "ambiguous: native refuses it" in xpu_quant.static_supports(x, torch.ones(64), E4M3).reason
     monkeypatch.setattr(xpu_quant, "_has_group_shape", lambda: False)  # a release before group_shape
     assert xpu_quant.static_supports(x, torch.ones(1), E4M3) is True  # one scale needs no group_shape
-    verdict = xpu_quant.static_supports(x, torch.ones(64), E4M3)
+    verdict = xpu_quant.static_supports(x, torch.ones(1, 64), E4M3)
     assert "has no group_shape (one scale only): upgrade it" in verdict.reason
 
 
 STATIC_CASES = [
     ("per_tensor", {}, None),
-    ("per_token_1d", {"granularity": "token"}, None),
-    ("per_channel", {"granularity": "channel"}, (-1, 1)),
-    ("per_channel_2d", {"granularity": "channel_2d"}, None),
+    ("per_token", {"granularity": "token"}, None),
+    ("per_channel", {"granularity": "channel"}, None),
     ("group_2x32", {"granularity": "group", "group": (2, 32)}, None),
     ("padded", {"num_token_padding": 8}, None),
 ]
@@ -599,9 +599,6 @@ STATIC_CASES = [
 def test_xpu_static_quant_maps_scale_layouts(xpu_double, name, options, group_shape):
     op = vllm_ir.ops.static_quant_fp8
     x, scale, fp8, pad = op.generate_inputs((4, 64), BF16, **options)
-    if name == "per_token_1d":
-        scale = scale.reshape(4)  # a 1-D per-token scale: group_shape (1, -1)
-        group_shape = (1, -1)
     q = op.impls["xpu_kernels"].fn(x, scale, fp8, pad)
     (call,) = xpu_double.CALLS
     assert call["input"] is x and call["scale"] is scale and call["group_shape"] == group_shape

@@ -29,6 +29,7 @@ from vllm_ir.ir.declarations.quant import (
     _dequantize_group,
     _dequantize_static,
     _floor,
+    _group_floor,
     broadcast_scale,
     dynamic_group_quant_fp8,
     dynamic_quant_fp8,
@@ -331,7 +332,7 @@ rms_norm_group_fp8_quant.set_comparison(
         quantized=(0,),
         scales=(1,),
         dequantize=lambda args, outputs: _dequantize_group((args[0], args[4]), outputs[:2]),
-        scale_floor=_floor,
+        scale_floor=_group_floor,
         scale_rtol=_intermediate_ulp,
         reference=lambda args: (
             rms_norm.fn(args[0], args[2], args[3])
@@ -345,7 +346,7 @@ silu_and_mul_group_fp8_quant.set_comparison(
         quantized=(0,),
         scales=(1,),
         dequantize=lambda args, outputs: _dequantize_group((outputs[0], args[1]), outputs),
-        scale_floor=_floor,
+        scale_floor=_group_floor,
         scale_rtol=_intermediate_ulp,
         reference=lambda args: silu_and_mul.fn(args[0]),
     )

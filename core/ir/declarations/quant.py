@@ -13,9 +13,10 @@ conformance kit compares others by dequantized values, `vllm_ir.Comparison.dequa
   dynamic CUDA kernels divide, which differs by one fp8 step on rare elements);
 - the group op's UE8M0 scale is the exact power-of-two ceiling of ``absmax / fp8_max`` (from
   the float's bits; vLLM's ``exp2(ceil(log2(s)))`` equals it except where ``log2`` rounds);
-- the group op's floor is native vLLM's ``1 / (fp8_max * 512)``, applied after the UE8M0
-  rounding (vLLM's kernels use ``1e-10 / fp8_max``: only groups whose absmax is below the
-  floor get other scales, and their q is the same);
+- the group op's floor is native vLLM's ``1 / (fp8_max * 512)``, applied before the UE8M0
+  rounding as vLLM's native does, so a UE8M0 scale is always a power of two (2^-17 for
+  e4m3fn, 2^-16 for e4m3fnuz at the floor; vLLM's kernels floor with ``1e-10 / fp8_max``: only
+  groups whose absmax is below the floor get other scales, and their q is the same);
 - ``num_token_padding`` pads q's rows with zeros (2-D x only); kernels may leave those rows
   unwritten, so they are unspecified (the kit compares the first ``x.shape[0]`` rows).
 """
@@ -54,25 +55,24 @@ def min_scale(fp8_dtype: torch.dtype, op: str) -> float:
 def broadcast_scale(scale: Tensor, x: Tensor, op: str = "static_quant_fp8") -> Tensor:
     """``scale`` (float32) expanded to broadcast against ``x``, following vLLM's group_broadcast.
 
-    One element: per-tensor. 1-D of length ``K = x.shape[-1]``: per-channel; 1-D of the row
-    count: per-token. Otherwise the scale has x's rank and each of its sizes divides x's: every
-    scale covers a block of x (``[T, 1]`` per-token, ``[1, K]`` per-channel, ``[T, K/128]``,
-    ``[T/128, K/128]``, ...).
+    One element (any rank): per-tensor. Otherwise the scale has x's rank and each of its sizes
+    divides x's: every scale covers a block of x (``[T, 1]`` per-token, ``[1, K]``
+    per-channel, ``[T, K/128]``, ``[T/128, K/128]``, ...). A 1-D scale of several elements for
+    an x of two or more dimensions is refused: vLLM reads one through the ``group_shape`` of
+    its ``QuantFP8`` (``PER_TOKEN`` makes it ``[T, 1]``, ``PER_CHANNEL`` ``[1, K]``), which this
+    op does not take, and guessing from the length gives a per-token scale of a square x to
+    the columns.
     """
     scale = scale.to(torch.float32)
     if scale.numel() == 1:
         return scale.reshape(())
     if x.dim() == 0:
         raise ValueError(f"{op}: x is 0-d but the scale has {scale.numel()} elements")
-    hidden = x.shape[-1]
-    if scale.dim() == 1:
-        if scale.shape[0] == hidden:
-            return scale
-        if scale.shape[0] * hidden == x.numel():
-            return scale.reshape(*x.shape[:-1], 1)
+    if scale.dim() == 1 and x.dim() > 1:
         raise ValueError(
-            f"{op}: a 1-D scale must have 1, {hidden} (per-channel) or {x.numel() // max(hidden, 1)} "
-            f"(per-token) elements, got {scale.shape[0]}"
+            f"{op}: a 1-D scale of {scale.shape[0]} elements is ambiguous (per token or per channel?); "
+            f"pass it as [T, 1] per token (vLLM's QuantFP8(static, PER_TOKEN): scale.reshape(-1, 1)) or as "
+            "[1, K] per channel (scale.reshape(1, -1))"
         )
     if scale.dim() != x.dim():
         raise ValueError(f"{op}: scale of shape {list(scale.shape)} does not group x of shape {list(x.shape)}")
@@ -116,9 +116,11 @@ def _pad_tokens(q: Tensor, num_token_padding: int | None, op: str) -> Tensor:
 def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
     """``clamp(x * (1 / scale), -fp8_max, fp8_max)`` cast to ``fp8_dtype``, in float32.
 
-    ``scale`` is per-tensor, per-token ``[T, 1]``, per-channel ``[K]``/``[1, K]`` or a 2-D
-    group scale (see `broadcast_scale`). With ``num_token_padding`` q has at least that many
-    rows, the extra ones zero.
+    ``scale`` is per-tensor (one element), per-token ``[T, 1]``, per-channel ``[1, K]`` or a
+    2-D group scale, always of x's rank beyond one element (see `broadcast_scale`: a 1-D scale
+    of several elements is refused as ambiguous). With ``num_token_padding`` q has at least
+    that many rows, the extra ones zero. vLLM: ``QuantFP8(static=True, group_shape)
+    .forward_native`` (its per-tensor, per-token and per-channel group shapes), bit for bit.
     """
     bound = fp8_max(fp8_dtype, "static_quant_fp8")
     inverse = broadcast_scale(scale, x).reciprocal()
@@ -172,8 +174,9 @@ def dynamic_group_quant_fp8(
 ) -> tuple[Tensor, Tensor]:
     """``(q, scales)``: one scale per ``group_size`` consecutive elements of each row.
 
-    ``scales[..., g] = max(absmax(group g) / fp8_max, 1 / (fp8_max * 512))``, first rounded up
-    to a power of two if ``use_ue8m0``; shape ``[*x.shape[:-1], ceil(K / group_size)]`` (a last
+    ``scales[..., g] = max(absmax(group g) / fp8_max, 1 / (fp8_max * 512))``, then rounded up
+    to a power of two if ``use_ue8m0`` (so every UE8M0 scale is one: 2^-17 at e4m3fn's floor,
+    as vLLM's ``QuantFP8`` native computes it); shape ``[*x.shape[:-1], ceil(K / group_size)]`` (a last
     partial group is quantized as if zero-padded). ``column_major``: the scales' last two
     dimensions are transposed in memory (strides ``(1, M)`` for 2-D x), as DeepGEMM reads them.
     """
@@ -192,10 +195,10 @@ def dynamic_group_quant_fp8(
     if pad:
         xf = torch.nn.functional.pad(xf, (0, pad))
     grouped = xf.unflatten(-1, (groups, group_size))
-    scale = _over_bound(grouped.abs().amax(dim=-1), bound)
+    # vLLM's order: the floor first, then the UE8M0 rounding (every UE8M0 scale a power of two).
+    scale = _over_bound(grouped.abs().amax(dim=-1), bound).clamp(min=min_scale(fp8_dtype, op))
     if use_ue8m0:
         scale = pow2_ceil(scale)
-    scale = scale.clamp(min=min_scale(fp8_dtype, op))
     q = _quantize(grouped, scale.reciprocal().unsqueeze(-1), fp8_dtype, bound).flatten(-2)
     if pad:
         q = q[..., :hidden].contiguous()
@@ -226,8 +229,8 @@ def _static_inputs(
     seed: int = 0,
 ) -> tuple:
     """x plus a scale 1.25x the absmax over each block (no clamping), for each granularity:
-    ``tensor`` ([1]), ``token`` ([T, 1]), ``channel`` ([K]), ``channel_2d`` ([1, K]), ``group``
-    (2-D blocks of ``group`` = (rows, columns), clipped to x's size)."""
+    ``tensor`` ([1]), ``token`` ([T, 1]), ``channel`` ([1, K]), ``group`` (2-D blocks of
+    ``group`` = (rows, columns), clipped to x's size)."""
     g = torch.Generator().manual_seed(seed)
     x = _activation(shape, dtype, device, g)
     a = x.to(torch.float32).abs()
@@ -248,9 +251,9 @@ def _static_inputs(
     elif granularity == "token":
         m = rows.amax(dim=-1, keepdim=True) if rows.shape[-1] else rows.new_ones(rows.shape[0], 1)
         m = m.reshape(*shape[:-1], 1)
-    elif granularity in ("channel", "channel_2d"):
+    elif granularity == "channel":
         m = rows.amax(dim=0) if rows.shape[0] else rows.new_ones(rows.shape[1])
-        m = m if granularity == "channel" else m.reshape(*[1] * (len(shape) - 1), -1)
+        m = m.reshape(*[1] * (len(shape) - 1), -1)
     elif granularity == "group":
         t, k = rows.shape
         r, c = max(1, min(group[0], t)), max(1, min(group[1], k))
@@ -309,7 +312,6 @@ dynamic_group_quant_fp8.input_generator(_group_inputs)
 for _name, _options in {
     "per_token": {"granularity": "token"},
     "per_channel": {"granularity": "channel"},
-    "per_channel_2d": {"granularity": "channel_2d"},
     "group_1x16": {"granularity": "group", "group": (1, 16)},
     "group_2x32": {"granularity": "group", "group": (2, 32)},
     "e4m3fnuz": {"fp8_dtype": torch.float8_e4m3fnuz},
@@ -364,6 +366,14 @@ def _floor(args: tuple) -> float:
     return min_scale(fp8_dtype, "fp8 quant")
 
 
+def _group_floor(args: tuple) -> float:
+    """The group ops' floor (``use_ue8m0`` and ``fp8_dtype`` are their last two arguments): with
+    UE8M0 the floor's power of two, below which providers floor differently (vLLM's kernels
+    with ``1e-10 / fp8_max``) and q is the same."""
+    floor = min_scale(args[-1], "fp8 group quant")
+    return 2.0 ** math.ceil(math.log2(floor)) if args[-2] else floor
+
+
 static_quant_fp8.set_comparison(
     Comparison.dequantized(quantized=(0,), dequantize=_dequantize_static, valid_rows=_valid_rows)
 )
@@ -373,5 +383,5 @@ dynamic_quant_fp8.set_comparison(
     )
 )
 dynamic_group_quant_fp8.set_comparison(
-    Comparison.dequantized(quantized=(0,), scales=(1,), dequantize=_dequantize_group, scale_floor=_floor)
+    Comparison.dequantized(quantized=(0,), scales=(1,), dequantize=_dequantize_group, scale_floor=_group_floor)
 )

@@ -107,15 +107,14 @@ C10_HOST_DEVICE inline float pow2_ceil(float s) {
   return bits_float((((bits >> 23) + ((bits & 0x7FFFFFu) != 0u)) << 23));
 }
 
-// The scale of a group whose absmax is `absmax`: absmax / bound, UE8M0 rounded up to a power
-// of two if asked, at least the floor 1 / (bound * 512); NaN kept.
+// The scale of a group whose absmax is `absmax`: absmax / bound, at least the floor
+// 1 / (bound * 512), then UE8M0 rounded up to a power of two if asked (vLLM's order: every
+// UE8M0 scale is a power of two, 2^-17 at e4m3fn's floor); NaN kept.
 C10_HOST_DEVICE inline float group_scale(float absmax, bool use_ue8m0, Fp8Format f) {
   float s = absmax / fp8_bound(f);
-  if (use_ue8m0) {
-    s = pow2_ceil(s);
-  }
   const float floor = fp8_min_scale(f);
-  return s != s ? s : (s < floor ? floor : s);
+  s = s != s ? s : (s < floor ? floor : s);
+  return use_ue8m0 ? pow2_ceil(s) : s;
 }
 
 // out[r, c] = quantize(x[r, c] * (1 / scale[r / row_group, c / col_group])) for r < rows:
@@ -214,7 +213,9 @@ inline void check_float_scale(const char* op, const char* name, const at::Tensor
 }
 
 // The static kernel's arguments, scale layout classified as the op declaration's
-// broadcast_scale does (one element, [hidden], [rows], or a 2-D group scale of a 2-D input).
+// broadcast_scale does (one element, [hidden] for a 1-D input, or a 2-D group scale of a 2-D
+// input: [rows, 1] per token, [1, hidden] per channel, blocks). A 1-D scale of several elements
+// for a 2-D input is refused as ambiguous, as the op refuses it.
 inline StaticQuantArgs static_quant_args(const char* op, at::Tensor& out, const at::Tensor& x, const at::Tensor& scale,
                                          const at::Tensor& input) {
   const int64_t hidden = input.size(-1);
@@ -226,15 +227,13 @@ inline StaticQuantArgs static_quant_args(const char* op, at::Tensor& out, const 
     return a;
   }
   if (scale.dim() == 1) {
-    if (scale.size(0) == hidden) {  // per-channel
-      a.col_group = 1;
-      a.scale_col_stride = scale.stride(0);
-      return a;
-    }
-    TORCH_CHECK(scale.size(0) == rows, op, ": a 1-D scale must have 1, ", hidden, " (per-channel) or ", rows,
-                " (per-token) elements, got ", scale.size(0));
-    a.row_group = 1;
-    a.scale_row_stride = scale.stride(0);
+    TORCH_CHECK(input.dim() == 1, op, ": a 1-D scale of ", scale.size(0),
+                " elements is ambiguous (per token or per channel?); pass it as [T, 1] per token or [1, K] per "
+                "channel");
+    TORCH_CHECK(scale.size(0) == hidden, op, ": a 1-D scale of a 1-D input must have 1 or ", hidden,
+                " elements, got ", scale.size(0));
+    a.col_group = 1;  // one scale per element
+    a.scale_col_stride = scale.stride(0);
     return a;
   }
   TORCH_CHECK(scale.dim() == 2 && input.dim() == 2, op, ": scale of shape ", scale.sizes(),

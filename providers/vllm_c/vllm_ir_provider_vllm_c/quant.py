@@ -65,6 +65,8 @@ def register(status: ExtensionStatus) -> None:
             return Unsupported(f"scale is {scale.dim()}-D (the kernels take one element, 1-D or 2-D scales)")
         if scale.dim() == 2 and x.dim() != 2:
             return Unsupported(f"a 2-D scale with a {x.dim()}-D x (the kernels group a 2-D x only)")
+        if scale.dim() == 1 and scale.numel() != 1 and x.dim() > 1:
+            return Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
         return True
 
     def supports_dynamic(

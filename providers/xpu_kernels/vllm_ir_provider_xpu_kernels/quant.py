@@ -8,7 +8,8 @@ caller-allocated buffers:
 - ``static_scaled_fp8_quant(result, input, scale, group_shape=None)``: one scale, or (releases
   with ``group_shape``) a 1-D scale with an explicit group shape ``(-1, 1)`` per channel /
   ``(1, -1)`` per token, or a 2-D scale whose blocks it infers. Older releases take
-  ``(result, input, scale)`` and one scale only.
+  ``(result, input, scale)`` and one scale only. The op has no 1-D scales of several elements
+  (ambiguous: native refuses them), so only one-element and 2-D scales are passed on.
 - ``dynamic_scaled_fp8_quant(result, input, scale)``: per tensor, ``scale = absmax / 448``
   (no floor, no ``scale_ub``).
 - ``dynamic_per_token_scaled_fp8_quant(result, input, scale, scale_ub)``: per token,
@@ -16,8 +17,9 @@ caller-allocated buffers:
 - ``per_token_group_fp8_quant(input, output_q, output_s, group_size, eps, fp8_min, fp8_max,
   scale_ue8m0)``: groups taken over the flat input (so the row length must be a multiple of
   the group size), ``output_s`` 2-D, column-major when ``stride(0) < stride(1)``; the floor
-  is the op's, UE8M0 rounds ``exp2(ceil(log2(s)))`` after the floor (the op floors after
-  rounding: the two differ only below the floor, where the kit does not compare scales).
+  is ``1e-10 / 448`` (the op's is ``1 / (448 * 512)``), UE8M0 rounds ``exp2(ceil(log2(s)))``
+  after the floor, as the op does: the two differ only below the op's floor, where the kit
+  does not compare scales.
 
 The kernels quantize to ``float8_e4m3fn`` (and e5m2) with the dtype's max, 448: the op's
 ``float8_e4m3fnuz`` (clamped to 224) is declined. They multiply by ``1 / scale`` and clamp
@@ -85,16 +87,11 @@ def static_rules(
         return vllm_ir.Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
     if scale.dim() > 2:
         return vllm_ir.Unsupported(f"scale is {scale.dim()}-D (the kernel takes 0-D, 1-D or 2-D scales)")
+    if scale.dim() == 1 and scale.numel() != 1:
+        return vllm_ir.Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
     if scale.dim() == 2 and x.dim() != 2:
         return vllm_ir.Unsupported(f"a 2-D scale with a {x.dim()}-D x (blocks of a 2-D x only)")
     return True
-
-
-def _static_group_shape(x: Tensor, scale: Tensor) -> tuple[int, int] | None:
-    """The vendor's ``group_shape`` for a 1-D scale (the op: length K per channel, else per token)."""
-    if scale.dim() == 1 and scale.numel() != 1:
-        return (-1, 1) if scale.shape[0] == x.shape[-1] else (1, -1)
-    return None
 
 
 def static_supports(
@@ -176,11 +173,7 @@ def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token
     q, rows = _q(x, fp8_dtype, num_token_padding)
     if rows.numel() == 0:  # the launch math divides by the row length
         return q
-    group_shape = _static_group_shape(x, scale)
-    if group_shape is None:  # one scale, or a 2-D scale whose blocks the kernel infers
-        _vendor_ops().static_scaled_fp8_quant(rows, x, scale)
-    else:
-        _vendor_ops().static_scaled_fp8_quant(rows, x, scale, group_shape)
+    _vendor_ops().static_scaled_fp8_quant(rows, x, scale)  # one scale, or a 2-D scale whose blocks it infers
     return q
 
 

@@ -64,9 +64,9 @@ def _quantize_store(
     else:
         absmax = _nan_absmax(tl.where(mask, y, 0.0), 1)
         s = tl.math.div_rn(absmax, BOUND)
+        s = tl.where(s < min_scale, min_scale, s)  # the floor, then UE8M0 (vLLM's order)
         if UE8M0:
             s = _pow2_ceil(s)
-        s = tl.where(s < min_scale, min_scale, s)
         g = tl.arange(0, BLOCK_NG)
         tl.store(s_ptr + s_row_offset + g * s_group_stride, s, mask=g < groups)
         q = _encode_fp8(y * tl.math.div_rn(1.0, s)[:, None], BOUND, FNUZ)

@@ -244,9 +244,9 @@ def _group_kernel(
     x = tl.load(x_ptr + row[:, None] * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     absmax = _nan_absmax(x, 1)
     s = tl.math.div_rn(absmax, BOUND)
+    s = tl.where(s < min_scale, min_scale, s)  # the floor, then UE8M0 (vLLM's order)
     if UE8M0:
         s = _pow2_ceil(s)
-    s = tl.where(s < min_scale, min_scale, s)
     s_offset = (row // inner_rows) * s_batch_stride + (row % inner_rows) * s_row_stride + group * s_group_stride
     tl.store(s_ptr + s_offset, s, mask=pair_mask)
     q = _encode_fp8(x * tl.math.div_rn(1.0, s)[:, None], BOUND, FNUZ)

@@ -91,6 +91,8 @@ def static_supports(
         return verdict
     if scale.dim() == 2 and x.dim() == 1:
         return vllm_ir.Unsupported("a 2-D scale with a 1-D x")
+    if scale.dim() == 1 and scale.numel() != 1 and x.dim() > 1:
+        return vllm_ir.Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
     if scale.dim() > 2:
         if scale.dim() != x.dim():
             return vllm_ir.Unsupported(f"a {scale.dim()}-D scale with a {x.dim()}-D x (native raises)")
@@ -147,11 +149,14 @@ def scale_plan(x: Tensor, scale: Tensor) -> tuple[Tensor, int, int]:
     if scale.numel() == 1:
         return scale.reshape(1, 1), max(rows, 1), max(cols, 1)
     if scale.dim() == 1:
-        if scale.shape[0] == cols:  # per channel
-            return scale.reshape(1, cols), max(rows, 1), 1
-        if scale.shape[0] == rows:  # per token
-            return scale.reshape(rows, 1), 1, max(cols, 1)
-        raise ValueError(f"{what}: a 1-D scale must have 1, {cols} or {rows} elements, got {scale.shape[0]}")
+        if x.dim() > 1:
+            raise ValueError(
+                f"{what}: a 1-D scale of {scale.shape[0]} elements is ambiguous (per token or per channel?); "
+                "pass it as [T, 1] per token or [1, K] per channel"
+            )
+        if scale.shape[0] == cols:  # one scale per element of a 1-D x
+            return scale.reshape(1, cols), 1, 1
+        raise ValueError(f"{what}: a 1-D scale of a 1-D x must have 1 or {cols} elements, got {scale.shape[0]}")
     if scale.dim() != x.dim():
         raise ValueError(f"{what}: scale of shape {list(scale.shape)} does not group x of shape {list(x.shape)}")
     if x.dim() == 2:
