@@ -11,10 +11,17 @@ interquartile range (IQR). A figure whose spread exceeds `NOISE_LIMIT` of its me
 re-measured (up to `EXTRA_ROUND_SETS` more sets of rounds) and flagged if it stays that wide;
 a winner whose runner-up lies within the spread is marked as one the machine was too noisy to
 call. The copy bandwidth is measured with the same rounds.
+
+A round whose timing thread was on the CPU for less than `DESCHEDULED_BELOW` of its wall time
+(`time.thread_time` against the wall clock) was descheduled: its figure is a multiple of the
+scheduler's tick, however steady. Such rounds are dropped from the figure (and counted); when
+fewer than half of a figure's rounds are clean after re-measuring, all are kept and the figure
+is flagged. ``vllm-ir tune`` learns only from figures with no flag.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -30,7 +37,7 @@ import vllm_ir
 from vllm_ir.ir import selection
 from vllm_ir.ir.impl import IrOpImpl, reason_of
 from vllm_ir.ir.op import IrOp
-from vllm_ir.timing import interleaved_rounds, machine_summary
+from vllm_ir.timing import DESCHEDULED_BELOW, interleaved_rounds, machine_summary
 
 #: A single call slower than this is not timed (e.g. an interpreter back-end).
 MAX_CALL_SECONDS = 0.5
@@ -64,6 +71,10 @@ class Result:
     noisy: bool = False
     #: The op's input variant measured ("default" or one of ``op.benchmark_variants``).
     variant: str = "default"
+    #: Rounds dropped because the timing thread was descheduled (off the CPU) for much of them.
+    descheduled_rounds: int = 0
+    #: Fewer than half of the rounds were clean: the figure includes descheduled rounds.
+    descheduled: bool = False
 
 
 def case_label(op: str, variant: str) -> str:
@@ -83,6 +94,10 @@ class Spread:
     q1: float
     q3: float
     rounds: int
+    #: Rounds left out because the thread was descheduled for much of them.
+    descheduled: int = 0
+    #: Too few clean rounds: the quartiles include descheduled ones.
+    unclean: bool = False
 
     @property
     def iqr(self) -> float:
@@ -104,21 +119,33 @@ def spread_of(values: Sequence[float]) -> Spread:
 def measure_rounds(
     fns: dict[str, Callable[[], object]], device: torch.device, *, repeats: int, rounds: int
 ) -> dict[str, Spread]:
-    """Time every callable in ``rounds`` interleaved rounds; re-measure those whose spread is too wide."""
+    """Time every callable in ``rounds`` interleaved rounds; re-measure those whose spread is too
+    wide or whose rounds were mostly descheduled; descheduled rounds are left out of the figure."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    dropped: dict[str, list[float]] = {name: [] for name in fns}
 
     def run(names: list[str], n: int) -> None:
-        for times in interleaved_rounds({name: fns[name] for name in names}, rounds=n, repeats=repeats, device=device):
-            for name, us in times.items():
-                samples[name].append(us)
+        shares: list[dict[str, float]] = []
+        times = interleaved_rounds(
+            {name: fns[name] for name in names}, rounds=n, repeats=repeats, device=device, on_cpu=shares
+        )
+        for this_round, share in zip(times, shares, strict=True):
+            for name, us in this_round.items():
+                (samples if share[name] >= DESCHEDULED_BELOW else dropped)[name].append(us)
+
+    def spread(name: str) -> Spread:
+        clean, bad = samples[name], dropped[name]
+        if len(clean) * 2 >= len(clean) + len(bad) and clean:
+            return dataclasses.replace(spread_of(clean), descheduled=len(bad))
+        return dataclasses.replace(spread_of(clean + bad), descheduled=len(bad), unclean=True)
 
     run(list(fns), rounds)
     for _ in range(EXTRA_ROUND_SETS):
-        wide = [n for n in fns if spread_of(samples[n]).relative > NOISE_LIMIT]
+        wide = [n for n in fns if spread(n).relative > NOISE_LIMIT or spread(n).unclean]
         if not wide:
             break
         run(wide, rounds)
-    return {name: spread_of(values) for name, values in samples.items()}
+    return {name: spread(name) for name in fns}
 
 
 def copy_bandwidth(device: torch.device, mib: int, *, repeats: int = 15, rounds: int = 1) -> Spread:
@@ -189,8 +216,10 @@ def _fill(result: Result, spread: Spread, moved: int) -> None:
     result.median_us = spread.median
     result.q1_us, result.q3_us, result.iqr_us = spread.q1, spread.q3, spread.iqr
     result.spread_pct = 100 * spread.relative
-    result.rounds = spread.rounds
-    result.noisy = spread.relative > NOISE_LIMIT
+    result.rounds = spread.rounds + (0 if spread.unclean else spread.descheduled)
+    result.descheduled_rounds = spread.descheduled
+    result.descheduled = spread.unclean
+    result.noisy = spread.relative > NOISE_LIMIT or spread.unclean
     result.gbps = moved / spread.median / 1e3
 
 
@@ -224,15 +253,18 @@ def run(
     copy_mib: int,
     rounds: int = 5,
     progress: bool = True,
+    variants: bool = True,
 ) -> dict[str, Any]:
+    """Validate and time every case; ``variants=False`` measures the ops' default inputs only."""
     vllm_ir.load_providers()
     dev = torch.device(device)
     ops, impls, skipped = plan_of(op_names, providers)
     bandwidth = copy_bandwidth(dev, copy_mib, repeats=repeats, rounds=rounds)
-    total = sum(len(impls[op.name]) * (1 + len(op.benchmark_variants)) for op in ops) * len(dtypes) * len(tokens)
+    extra = (lambda op: op.benchmark_variants) if variants else (lambda op: [])
+    total = sum(len(impls[op.name]) * (1 + len(extra(op))) for op in ops) * len(dtypes) * len(tokens)
     results: list[Result] = []
     k = 0
-    for op, variant in [(o, v) for o in ops for v in ("default", *o.benchmark_variants)]:
+    for op, variant in [(o, v) for o in ops for v in ("default", *extra(o))]:
         for dtype in dtypes:
             for t in tokens:
                 args = op.generate_inputs((t, hidden), dtype, dev, **op.input_variants.get(variant, {}))
@@ -341,7 +373,7 @@ def suggested_priority(report: dict[str, Any]) -> dict[str, Any]:
 def _cell(r: dict[str, Any]) -> str:
     if r["status"] != "ok":
         return r["status"].upper() if r["status"] == "wrong" else r["status"]
-    flag = "!" if r["noisy"] else ""
+    flag = ("!" if r["noisy"] else "") + ("~" if r.get("descheduled_rounds") else "")
     return f"{r['median_us']:.1f}±{r['spread_pct']:.0f}%{flag} ({r['gbps']:.1f}, {r['pct_of_copy']:.0f}%)"
 
 
@@ -395,7 +427,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(
         f"±: interquartile range of {report.get('rounds', 1)} rounds (more where re-measured) as % of the median; "
         f"!: still wider than {report.get('noise_limit_pct', 100 * NOISE_LIMIT):.0f}% after re-measuring; "
-        "?: the runner-up is within the spread"
+        "?: the runner-up is within the spread; "
+        f"~: rounds dropped, the timing thread was off the CPU for over {100 * (1 - DESCHEDULED_BELOW):.0f}% of them"
     )
     if noisy or uncertain:
         lines.append(

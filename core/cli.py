@@ -362,6 +362,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     payload = {
         "op": exp.op,
         "mode": exp.mode,
+        "tuning": exp.tuning,
         "shape": list(args.shape),
         "dtype": str(args.dtype).removeprefix("torch."),
         "device": args.device,
@@ -403,11 +404,12 @@ _OTHER_VARIABLES = ("VLLM_IR_LOG_LEVEL", "VLLM_IR_BUILD_EXTENSION")
 def _setting_findings() -> list[Any]:
     """Every problem with the environment and the config file, read now (what an op call would read)."""
     from vllm_ir import env
-    from vllm_ir.ir import priority
+    from vllm_ir.ir import priority, tuning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the doctor lists them; no need to warn as well
         priority.settings()
+        tuning.layer()
     findings = env.findings()
     known = (*env.VARIABLES, *_OTHER_VARIABLES)
     for name in sorted(os.environ):
@@ -495,6 +497,7 @@ def _doctor_report() -> dict[str, Any]:
         )
     site = config.current()
     return {
+        "tuning_tables": _tuning_tables(),
         "vllm_ir": vllm_ir.__version__,
         "python": sys.version.split()[0],
         "torch": {
@@ -515,6 +518,24 @@ def _doctor_report() -> dict[str, Any]:
         "problems": problems,
         "not_for_this_machine": elsewhere,
     }
+
+
+def _tuning_tables() -> list[dict[str, Any]]:
+    """Every tuning table read, with how many of its entries apply here."""
+    from vllm_ir.ir import tuning
+
+    applied = {(e.path, e.index) for e in tuning.applied_entries()}
+    return [
+        {
+            "path": t.path,
+            "origin": t.origin,
+            "measured": t.measured,
+            "machine": t.describe_machine(),
+            "entries": len(t.entries),
+            "applied": sum((t.path, e.index) in applied for e in t.entries),
+        }
+        for t in tuning.tables()
+    ]
 
 
 def _probe_predicates() -> dict[tuple[str, str], str]:
@@ -585,9 +606,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     )
     if report["config"]:
         lines.append(f"config file: {report['config']}")
+    for t in report["tuning_tables"]:
+        lines.append(
+            f"tuning table: {t['path']} ({t['origin']}; measured {(t['measured'] or '?')[:10]} on {t['machine']}): "
+            f"{t['applied']} of {t['entries']} entries apply here"
+        )
     if report["settings"]:
         lines.append("settings: " + " ".join(f"{k}={v!r}" for k, v in report["settings"].items()))
     lines.append("providers: " + (", ".join(f"{n} ({s})" for n, s in report["providers"].items()) or "none"))
+
     lines.append(_describe_bridge(report["vllm_bridge"]))
 
     def who(entry: dict[str, Any]) -> str:  # a setting's message starts with the setting's name
@@ -685,7 +712,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the VLLM_IR_OP_PRIORITY string (and config-file form) that puts the measured winners first",
     )
     bench.set_defaults(func=cmd_bench)
+    tune = sub.add_parser(
+        "tune", help="measure every provider per op, dtype and token count; write a tuning table (JSON)"
+    )
+    tune.add_argument("ops", nargs="*", help="ops to tune (default: every op with a provider besides native)")
+    tune.add_argument("--providers", type=_comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
+    tune.add_argument(
+        "--dtype",
+        type=_parse_dtypes,
+        default=None,
+        help=f"activation dtypes, comma-separated: {', '.join(FLOAT_DTYPES)} (default: float32,bfloat16)",
+    )
+    tune.add_argument(
+        "--tokens", type=_positive_int_list, default=None, help="token counts (default 1,16,256,4096; --quick 1,16,256)"
+    )
+    tune.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (default: 4096)")
+    tune.add_argument(
+        "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
+    )
+    tune.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="the table to write (default: $VLLM_IR_TUNING, else ./vllm-ir-tuning.json)",
+    )
+    tune.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    tune.add_argument("--rounds", type=_positive_int, default=None, help="timing rounds per figure (default: 5)")
+    tune.add_argument("--force", action="store_true", help="write the table even when the machine was busy")
+    tune.set_defaults(func=cmd_tune)
     return parser
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from vllm_ir import tune
+
+    return tune.main(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -15,6 +15,9 @@
     [priority.compile]                   # one mode; replaces [priority]'s list for that op
     rms_norm = ["native"]
 
+    tuning = ["tuning.json"]             # measured tables (vllm-ir tune), relative to this file;
+                                         # below VLLM_IR_TUNING's, above the providers' shipped ones
+
 The file's priorities are a layer of their own, above the platform and provider defaults and
 below ``VLLM_IR_OP_PRIORITY`` (so one run can still override the site), shown in ``vllm-ir
 ops`` and ``explain`` as ``config <path>``. Every other key yields to its environment
@@ -37,7 +40,7 @@ from vllm_ir import env
 from vllm_ir.env import Finding
 
 MODES = ("eager", "compile")
-KEYS = ("platform", "fallback", "batch_invariant", "providers", "disable_providers", "priority")
+KEYS = ("platform", "fallback", "batch_invariant", "providers", "disable_providers", "priority", "tuning")
 OWNER = "config"
 
 
@@ -55,6 +58,8 @@ class SiteConfig:
     priority: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     #: mode -> op -> where the list was written (for messages).
     priority_where: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: Tuning tables named by the ``tuning`` key, as absolute paths (read by vllm_ir.ir.tuning).
+    tuning: tuple[str, ...] = ()
     findings: tuple[Finding, ...] = ()
 
     @property
@@ -187,6 +192,14 @@ def _validate(path: str, doc: dict[str, Any], lines: list[str]) -> SiteConfig:
                 bad((key,), f"must be a list of provider names, not {value!r}", f'write {key} = ["aten"]')
             else:
                 values[key] = names
+        elif key == "tuning":
+            names = [value] if isinstance(value, str) else value
+            if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+                bad((key,), f"must be a path or a list of paths of tuning tables, not {value!r}",
+                    'write tuning = ["tuning.json"]')  # fmt: skip
+            else:
+                base = os.path.dirname(path)
+                values["tuning"] = tuple(os.path.join(base, os.path.expanduser(n.strip())) for n in names)
         elif key == "priority":
             if not isinstance(value, dict):
                 bad((key,), f"must be a table of op = [providers], not {value!r}", "write [priority] on its own line")

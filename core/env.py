@@ -38,6 +38,7 @@ ENV_STRICT = "VLLM_IR_STRICT_PLUGINS"
 ENV_FAST_LOOKUP = "VLLM_IR_FAST_LOOKUP"
 ENV_PLATFORM = "VLLM_IR_PLATFORM"
 ENV_CONFIG = "VLLM_IR_CONFIG"
+ENV_TUNING = "VLLM_IR_TUNING"
 
 VARIABLES: dict[str, str] = {
     ENV_PRIORITY: "op=provider[,provider...] entries separated by ';'",
@@ -50,6 +51,7 @@ VARIABLES: dict[str, str] = {
     ENV_FAST_LOOKUP: "a boolean",
     ENV_PLATFORM: "the name of a plugin that claims the platform, or 'builtin'",
     ENV_CONFIG: "the path of a TOML file",
+    ENV_TUNING: "paths of tuning tables (JSON, written by vllm-ir tune) separated by ':'",
 }
 
 TRUE = ("1", "true", "yes", "on")

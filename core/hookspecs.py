@@ -65,6 +65,15 @@ def vllm_ir_adjust_priority(op_name: str, priority: list[str], platform: Platfor
     """
 
 
+@hookspec
+def vllm_ir_tuning_tables(platform: Platform) -> Sequence[str] | None:
+    """Paths of the measured tuning tables this provider ships (``vllm-ir tune`` output, as
+    package data), or None. Every table lists the machine facts it was measured under and
+    applies only where they hold (`vllm_ir.ir.tuning`), so a provider may return all of its
+    tables on every platform. Read once at discovery, never per call.
+    """
+
+
 # ---------------------------------------------------------------------------------------
 # What a hook may return
 
@@ -107,6 +116,23 @@ def check_default_priority(result: Any, *, what: str = "vllm_ir_default_priority
             raise HookResultError(f"{what}: unknown op {op_name!r}; known ops: {known}")
         out[op_name] = _provider_names(providers, f"{what}, op {op_name!r}")
     return out
+
+
+def check_tuning_tables(result: Any) -> tuple[str, ...]:
+    """``vllm_ir_tuning_tables``: None or a list of paths (str or os.PathLike) of existing files."""
+    import os
+
+    if result is None:
+        return ()
+    where = "vllm_ir_tuning_tables"
+    if isinstance(result, (str, bytes, os.PathLike)) or not isinstance(result, Iterable):
+        raise HookResultError(f"{where} returned {_show(result)}; expected a list of paths or None")
+    paths = []
+    for item in _read(lambda: list(result), where):
+        if not isinstance(item, (str, os.PathLike)):
+            raise HookResultError(f"{where}: {_show(item)} is not a path")
+        paths.append(os.path.abspath(os.fspath(item)))
+    return tuple(paths)
 
 
 def check_adjusted_priority(result: Any, *, op_name: str, before: Sequence[str]) -> tuple[str, ...] | None:

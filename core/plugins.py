@@ -659,7 +659,10 @@ def _as_claimed(platform: Any, plugin: str) -> Any:
 
 
 def _invalidate_defaults() -> None:
+    from vllm_ir.ir import tuning
+
     with registry.lock:
+        tuning.reload()  # the shipped tables and provider versions follow the loaded plugins
         _state.defaults.clear()
         _state.platform = None
         _state.claimant = None
@@ -729,10 +732,36 @@ def _settings_findings(findings: Sequence[Finding]) -> None:
     env.report(_OWNER_SETTINGS, findings)
 
 
+def tuning_facts() -> Any:
+    """What the tuning layer needs from discovery: the platform, each provider's distribution
+    version and the tables providers ship (`vllm_ir_tuning_tables`, read here once per load)."""
+    from vllm_ir.ir import tuning
+
+    platform = current_platform()
+    versions: dict[str, str] = {}
+    for record in _state.records.values():
+        if record.status is ProviderStatus.LOADED and record.version:
+            for provider in record.implementations:
+                versions.setdefault(provider, record.version)
+    shipped: list[tuple[str, str]] = []
+    for plugin, result in _call_hook("vllm_ir_tuning_tables", platform=platform):
+        ok, paths = _checked(plugin, hookspecs.check_tuning_tables, result)
+        if ok:
+            record = _state.records.get(plugin)
+            origin = f"provider {plugin}" + (
+                f" ({record.distribution} {record.version})" if record is not None and record.distribution else ""
+            )
+            shipped += [(origin, p) for p in paths]
+    return tuning.Facts(platform.name, versions, tuple(shipped))
+
+
 def install() -> None:
     """Wire discovery into the core: lazy loading, the defaults layer and the known provider names."""
+    from vllm_ir.ir import tuning
+
     registry.set_providers_loader(ensure_loaded)
     _priority.set_defaults_source(merged_defaults)
+    tuning.set_source(tuning_facts)
     _priority.set_known_names(lambda: [*_state.records, *_state.withdrawn])
     _priority.set_absence_source(absence_reason)
 

@@ -6,6 +6,7 @@ process: paired, interleaved samples whose order alternates, reduced to medians.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -26,6 +27,15 @@ class Timing:
     samples: int
     #: Distribution-free 95% confidence interval of the median (order statistics n/2 -+ 0.98 sqrt(n)).
     median_ci_us: tuple[float, float] = (float("nan"), float("nan"))
+    #: The median over samples of the calling thread's CPU time over wall time (`time.thread_time`):
+    #: well below 1 when the thread was descheduled (another tenant took the core) or slept for
+    #: most samples, so the median itself is the scheduler's. 1.0 where not measured (CUDA events).
+    on_cpu: float = 1.0
+
+
+#: A round whose thread was on the CPU for less than this share of its wall time was
+#: descheduled: its figure is the scheduler's, not the kernel's (`vllm-ir bench` drops it).
+DESCHEDULED_BELOW = 0.6
 
 
 def time_call(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, inner: int = 1) -> Timing:
@@ -33,13 +43,17 @@ def time_call(fn: Callable[[], object], *, warmup: int = 10, repeats: int = 50, 
     for _ in range(warmup):
         fn()
     samples = []
-    clock = time.perf_counter_ns
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+    shares = []
     for _ in range(repeats):
+        c0 = cpu_clock()
         t0 = clock()
         for _ in range(inner):
             fn()
-        samples.append((clock() - t0) / inner / 1e3)
-    return _summarize(samples)
+        t1 = clock()
+        shares.append(min(1.0, (cpu_clock() - c0) / (t1 - t0)) if t1 > t0 else 1.0)
+        samples.append((t1 - t0) / inner / 1e3)
+    return dataclasses.replace(_summarize(samples), on_cpu=statistics.median(shares))
 
 
 def interleaved_rounds(
@@ -50,21 +64,27 @@ def interleaved_rounds(
     repeats: int = 15,
     stat: str = "median_us",
     device: torch.device | str = "cpu",
+    on_cpu: list[dict[str, float]] | None = None,
 ) -> list[dict[str, float]]:
     """Each round times every callable (``repeats`` samples, ``stat`` of their Timing, µs; CUDA
     events on a GPU ``device``), the order reversed every other round; returns each round's
     times. The one round loop of `vllm-ir bench` and the benchmarks. Bests are a minimum per
     name; a ratio of two callables is best taken within each round (neighbours in ``fns`` run
     back to back), which this VM's slow and fast memory phases do not skew as a ratio of bests
-    does."""
+    does. ``on_cpu``, when given, receives each round's `Timing.on_cpu` per name (a round
+    well below 1 was descheduled: see `DESCHEDULED_BELOW`)."""
     extra = {"inner": inner} if inner != 1 else {}  # CUDA events time single calls
     times = []
     for r in range(rounds):
         this_round = {}
+        shares = {}
         for name in list(fns) if r % 2 == 0 else list(reversed(fns)):
             timing = time_kernel(fns[name], device, warmup=3 if r == 0 else 1, repeats=repeats, **extra)
             this_round[name] = getattr(timing, stat)
+            shares[name] = timing.on_cpu
         times.append(this_round)
+        if on_cpu is not None:
+            on_cpu.append(shares)
     return times
 
 

@@ -16,7 +16,10 @@
 // Key layout: (scope, a0, a1, ...) where a tensor argument becomes the bytes of its facts
 // (see tensor_facts: the same facts as vllm_ir.ir.cache_key.tensor_facts in Python: dtype,
 // device, every dimension except the leading token dimension of token tensors, every stride)
-// and any other argument is itself.
+// and any other argument is itself. When a tuning table chooses the op by token range
+// (`set_buckets`), the key ends with the call's range bucket: buckets[bit length of T], T the
+// leading dimension of the first token tensor that has one (1 without), as
+// vllm_ir.ir.cache_key.bucket computes it. Without buckets nothing is counted.
 //
 // donation_conflict() is the cheap aliasing check of `maybe_inplace` calls (see
 // vllm_ir.ir.aliasing for the Python reference it must agree with).
@@ -25,6 +28,7 @@
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/ScalarType.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
@@ -51,12 +55,13 @@ constexpr Py_ssize_t kMaxFacts = 2 + 2 * kMaxDims;
 
 // Writes the facts of an exact torch.Tensor / nn.Parameter into `facts` and returns how many,
 // or -1 when Python must look (not strided, too many dimensions, a field too large, or a
-// tensor whose facts throw: functorch wrappers and the like). `token`: a tensor of 2 or more
-// dimensions has the token (batch) count as its leading dimension, which predicates must not
-// read, so it is left out. `lead` (when not null): the token count of the call's first such
-// tensor (-1 until one is seen); whether this one has the same count is a fact (a [1, H]
-// residual broadcast against a [T, H] activation is not the same call as a [T, H] one).
-Py_ssize_t tensor_facts(PyObject* obj, bool token, int64_t* lead, int64_t* facts) noexcept {
+// tensor whose facts throw: functorch wrappers and the like). `token`: a token tensor of 2 or
+// more dimensions, or 1-D of an integer dtype (positions), has the token (batch) count as its
+// leading dimension, which predicates must not read, so it is left out (cache_key.has_token_dim).
+// `lead`: the token count of the call's first such tensor (-1 until one is seen); with
+// `relate`, whether this one has the same count is a fact (a [1, H] residual broadcast against
+// a [T, H] activation is not the same call as a [T, H] one).
+Py_ssize_t tensor_facts(PyObject* obj, bool token, bool relate, int64_t* lead, int64_t* facts) noexcept {
   try {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.layout() != c10::kStrided) {
@@ -77,15 +82,17 @@ Py_ssize_t tensor_facts(PyObject* obj, bool token, int64_t* lead, int64_t* facts
     Py_ssize_t n = 1;
     const auto sizes = t.sizes();
     const auto strides = t.strides();
-    const bool drop_token = token && dim >= 2;
+    const bool drop_token = token && (dim >= 2 || (dim == 1 && c10::isIntegralType(t.scalar_type(), true)));
     for (int64_t d = drop_token ? 1 : 0; d < dim; ++d) {
       facts[n++] = sizes[d];
     }
-    if (drop_token && lead != nullptr) {
+    if (drop_token) {
       if (*lead < 0) {
         *lead = sizes[0];
       }
-      facts[n++] = sizes[0] == *lead;
+      if (relate) {
+        facts[n++] = sizes[0] == *lead;
+      }
     }
     for (int64_t d = 0; d < dim; ++d) {
       facts[n++] = strides[d];
@@ -106,13 +113,21 @@ struct Lookup {
   uint64_t token_mask;   // bit i: parameter i's leading dimension is the token count
   bool relate_tokens;    // two or more token parameters: whether their token counts agree is a fact
   Py_ssize_t nargs;
+  PyObject* buckets;        // bytes: bucket index per token-count bit length (0..64), or NULL: no bucket
   PyObject* last_key;       // the key of the last dict hit, or NULL
   PyObject* last_decision;  // its decision
 };
 
+// The range bucket of token count `lead` (-1: no token tensor, counted as one token).
+long bucket_of(PyObject* buckets, int64_t lead) {
+  const uint64_t t = lead < 0 ? 1 : static_cast<uint64_t>(lead);
+  const int bits = t == 0 ? 0 : 64 - __builtin_clzll(t);
+  return static_cast<unsigned char>(PyBytes_AS_STRING(buckets)[bits]);
+}
+
 // New reference to the key tuple, Py_None when Python must build it, NULL on error.
 PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
-  PyObject* key = PyTuple_New(self->nargs + 1);
+  PyObject* key = PyTuple_New(self->nargs + 1 + (self->buckets != nullptr));
   if (key == nullptr) {
     return nullptr;
   }
@@ -120,7 +135,6 @@ PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
   PyTuple_SET_ITEM(key, 0, scope);
   bool complete = true;
   int64_t lead = -1;
-  int64_t* lead_ptr = self->relate_tokens ? &lead : nullptr;
   for (Py_ssize_t i = 0; i < self->nargs && complete; ++i) {
     PyObject* arg = args[i];
     PyObject* item = nullptr;
@@ -129,7 +143,7 @@ PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
         item = Py_NewRef(arg);
       } else if (THPVariable_CheckExact(arg)) {  // subclasses may redefine any fact: Python looks
         int64_t facts[kMaxFacts];
-        const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, lead_ptr, facts);
+        const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, self->relate_tokens, &lead, facts);
         if (n < 0) {
           complete = false;
           continue;
@@ -154,6 +168,14 @@ PyObject* build_key(Lookup* self, PyObject* scope, PyObject* const* args) {
   if (!complete) {  // the unset items are NULL, which tuple deallocation skips
     Py_DECREF(key);
     Py_RETURN_NONE;
+  }
+  if (self->buckets != nullptr) {
+    PyObject* bucket = PyLong_FromLong(bucket_of(self->buckets, lead));
+    if (bucket == nullptr) {
+      Py_DECREF(key);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(key, self->nargs + 1, bucket);
   }
   return key;
 }
@@ -184,11 +206,10 @@ void set_memo(Lookup* self, PyObject* key, PyObject* decision) {
 
 // 1 when this call has the same key as the last hit, else 0 (never an error: Python looks).
 int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* args) {
-  if (PyTuple_GET_ITEM(key, 0) != scope) {
+  if (PyTuple_GET_ITEM(key, 0) != scope || PyTuple_GET_SIZE(key) != self->nargs + 1 + (self->buckets != nullptr)) {
     return 0;
   }
   int64_t lead = -1;
-  int64_t* lead_ptr = self->relate_tokens ? &lead : nullptr;
   for (Py_ssize_t i = 0; i < self->nargs; ++i) {
     PyObject* arg = args[i];
     PyObject* item = PyTuple_GET_ITEM(key, i + 1);
@@ -200,7 +221,7 @@ int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* 
         return 0;
       }
       int64_t facts[kMaxFacts];
-      const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, lead_ptr, facts);
+      const Py_ssize_t n = tensor_facts(arg, self->token_mask >> i & 1, self->relate_tokens, &lead, facts);
       if (n < 0 || PyBytes_GET_SIZE(item) != static_cast<Py_ssize_t>(n * sizeof(int64_t)) ||
           std::memcmp(PyBytes_AS_STRING(item), facts, n * sizeof(int64_t)) != 0) {
         return 0;
@@ -216,6 +237,13 @@ int matches_last(Lookup* self, PyObject* key, PyObject* scope, PyObject* const* 
     }
     const int equal = PyObject_RichCompareBool(arg, item, Py_EQ);
     if (equal <= 0) {
+      PyErr_Clear();
+      return 0;
+    }
+  }
+  if (self->buckets != nullptr) {  // a tensor identical to the memo's cannot be: its item is bytes
+    const long bucket = PyLong_AsLong(PyTuple_GET_ITEM(key, self->nargs + 1));
+    if (bucket != bucket_of(self->buckets, lead)) {
       PyErr_Clear();
       return 0;
     }
@@ -301,6 +329,19 @@ PyObject* Lookup_forget(PyObject* op, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// set_buckets(buckets): key calls on their token-range bucket (bytes of 65, one per bit
+// length of the token count) or not (None); forgets the memo.
+PyObject* Lookup_set_buckets(PyObject* op, PyObject* buckets) {
+  auto* self = reinterpret_cast<Lookup*>(op);
+  if (buckets != Py_None && !(PyBytes_CheckExact(buckets) && PyBytes_GET_SIZE(buckets) == 65)) {
+    PyErr_SetString(PyExc_TypeError, "Lookup.set_buckets(): expected None or 65 bytes (one per bit length 0..64)");
+    return nullptr;
+  }
+  set_memo(self, nullptr, nullptr);
+  Py_XSETREF(self->buckets, buckets == Py_None ? nullptr : Py_NewRef(buckets));
+  Py_RETURN_NONE;
+}
+
 // key(scope, *args) -> the cache key Python stores a new decision under, or None.
 PyObject* Lookup_key(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<Lookup*>(op);
@@ -351,6 +392,7 @@ int Lookup_traverse(PyObject* op, visitproc visit, void* arg) {
   Py_VISIT(self->cache);
   Py_VISIT(self->scope);
   Py_VISIT(self->compiler_globals);
+  Py_VISIT(self->buckets);
   Py_VISIT(self->last_key);
   Py_VISIT(self->last_decision);
   return 0;
@@ -362,6 +404,7 @@ int Lookup_clear(PyObject* op) {
   Py_CLEAR(self->cache);
   Py_CLEAR(self->scope);
   Py_CLEAR(self->compiler_globals);
+  Py_CLEAR(self->buckets);
   set_memo(self, nullptr, nullptr);
   return 0;
 }
@@ -477,6 +520,8 @@ PyMethodDef Lookup_methods[] = {
     {"key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Lookup_key)), METH_FASTCALL,
      "key(scope, *args): the cache key of this call, or None when Python must build it."},
     {"forget", Lookup_forget, METH_NOARGS, "forget(): drop the remembered last hit (call when clearing the dicts)."},
+    {"set_buckets", Lookup_set_buckets, METH_O,
+     "set_buckets(buckets): end keys with the token-range bucket (65 bytes, one per bit length) or not (None)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -17,7 +17,14 @@ import vllm_ir
 from vllm_ir import plugins
 from vllm_ir.ir import registry
 
-_ENV = ("VLLM_IR_OP_PRIORITY", "VLLM_IR_FALLBACK", "VLLM_BATCH_INVARIANT", "VLLM_IR_PLATFORM", "VLLM_IR_CONFIG")
+_ENV = (
+    "VLLM_IR_OP_PRIORITY",
+    "VLLM_IR_FALLBACK",
+    "VLLM_BATCH_INVARIANT",
+    "VLLM_IR_PLATFORM",
+    "VLLM_IR_CONFIG",
+    "VLLM_IR_TUNING",
+)
 _names = itertools.count()
 
 

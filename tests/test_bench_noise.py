@@ -147,3 +147,31 @@ def test_an_emitted_priority_is_accepted_by_vllm_ir(tmp_path):
     ops = {o["name"]: o for o in json.loads(result.stdout)["ops"]}
     for op in ("rms_norm", "fused_add_rms_norm"):
         assert ops[op]["priority"]["eager"][0] == {"provider": "aten", "layer": "env", "source": "VLLM_IR_OP_PRIORITY"}
+
+
+def test_a_steady_figure_of_descheduled_rounds_is_flagged_and_not_learned():
+    """Issue 33: under load a figure can be a steady multiple of the scheduler's tick (±0%):
+    the spread cannot see that, the thread's CPU time against the wall clock can."""
+    from vllm_ir import timing
+
+    def off_cpu():
+        time.sleep(0.002)  # the timing thread is off the CPU the whole call, as when descheduled
+
+    def on_cpu():
+        end = time.perf_counter() + 0.0005
+        while time.perf_counter() < end:
+            pass
+
+    assert timing.time_call(off_cpu, warmup=1, repeats=3).on_cpu < 0.2
+    assert timing.time_call(on_cpu, warmup=1, repeats=3).on_cpu > timing.time_call(off_cpu, repeats=3).on_cpu
+    spreads = bench.measure_rounds({"off_cpu": off_cpu}, torch.device("cpu"), repeats=3, rounds=5)
+    s = spreads["off_cpu"]
+    assert s.relative < bench.NOISE_LIMIT  # steady: the spread alone would have trusted it
+    assert s.unclean and s.descheduled == s.rounds == 5 * (1 + bench.EXTRA_ROUND_SETS)  # re-measured, still flagged
+    result = bench.Result("rms_norm", "float32", 16, 64, "tp", "ok")
+    bench._fill(result, s, 1024)
+    assert result.noisy and result.descheduled and result.descheduled_rounds == s.rounds
+    from vllm_ir import tune
+
+    row = vars(result) | {"dispatcher_picks": "native"}
+    assert tune.order_case([row], "native")[0] is None  # tune never learns from it

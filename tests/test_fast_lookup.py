@@ -7,6 +7,7 @@ The Python path is the reference: every call here is made through both and throu
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -315,3 +316,69 @@ def test_the_pure_python_path_passes_the_dispatch_tests():
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout.splitlines()[-1]
+
+
+def _write_table(path: Path, entries: list[dict]) -> Path:
+    from vllm_ir.ir import tuning
+
+    doc = {
+        "schema": tuning.SCHEMA,
+        "machine": tuning.machine_facts("cpu"),
+        "measured": "2026-12-02",
+        "entries": entries,
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_token_range_buckets_choose_alike_on_every_path(picky_providers, tmp_path, monkeypatch):
+    """A tuning table that orders rms_norm per dtype and token range: the compiled lookup, the
+    Python path and decide() agree for every T, across bucket edges, in any call order."""
+    from vllm_ir.ir import tuning
+
+    log = picky_providers
+    entries = [
+        {"op": "rms_norm", "dtype": "float32", "tokens": [1, 4], "providers": ["p_rows", "native"]},
+        {"op": "rms_norm", "dtype": "float32", "tokens": [4, 64], "providers": ["p_eps", "native"]},
+        {"op": "rms_norm", "dtype": "float32", "tokens": [64, None], "providers": ["p_rows", "native"]},
+        {"op": "rms_norm", "dtype": "bfloat16", "tokens": [2, 8], "providers": ["p_no_weight", "native"]},
+    ]
+    monkeypatch.setenv("VLLM_IR_TUNING", str(_write_table(tmp_path / "t.json", entries)))
+    vllm_ir.clear_priority()  # the table, not set_priority, orders these calls
+    vllm_ir.reload_env()
+    python_call = _pure_python_entry()
+    calls = []
+    for t, dtype, eps in itertools.product(
+        (0, 1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 200), (torch.float32, torch.bfloat16), (1e-6, 1e-5)
+    ):
+        x = torch.randn(t, 16, dtype=dtype)
+        for w in (torch.randn(16, dtype=dtype), None):
+            calls.append((torch.cat([x, x], dim=-1)[:, :16] if t % 2 else x, w, eps, None))
+    seen = set()
+    for args in calls + calls[::-1]:
+        expected = selection.decide(op, args).provider
+        seen.add(expected)
+        got = [_ran(log, op, *args) for _ in range(2)]
+        got += [_ran(log, python_call, op, *args) for _ in range(2)]
+        got.append(op.cached_dispatch(*args).provider)
+        assert got == [expected] * 5, (expected, got, args[0].shape, args[0].dtype, args[1] is None, args[2])
+    assert {"p_rows", "p_eps", "p_no_weight", "native"} <= seen
+    buckets = op.decision_cache.bucket_cell[0]
+    assert buckets is not None and buckets == tuning.bucket_map("rms_norm")
+    # The key holds the bucket, never T: every count of one bucket shares one decision.
+    before = len(op.decision_cache.decisions)
+    for t in (16, 17, 30, 33, 40):
+        op(torch.randn(t, 16), torch.randn(16), 1e-5)
+    assert len(op.decision_cache.decisions) == before
+
+
+def test_an_op_no_table_mentions_keeps_its_key_without_a_bucket(picky_providers, tmp_path, monkeypatch):
+    entries = [{"op": "rms_norm", "dtype": "float32", "tokens": [1, None], "providers": ["p_eps", "native"]}]
+    monkeypatch.setenv("VLLM_IR_TUNING", str(_write_table(tmp_path / "t.json", entries)))
+    vllm_ir.clear_priority()
+    vllm_ir.reload_env()
+    x = torch.randn(4, 16)
+    assert op.dispatch(x, torch.randn(16), 1e-5).provider == "p_eps"
+    # One range for every T: nothing to bucket, the key is today's.
+    assert op.decision_cache.bucket_cell[0] is None
+    assert vllm_ir.ops.fused_add_rms_norm.decision_cache.bucket_cell[0] is None

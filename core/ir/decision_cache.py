@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vllm_ir.ir import fallback, fast_lookup, registry, selection
+from vllm_ir.ir import fallback, fast_lookup, registry, selection, tuning
 from vllm_ir.ir import priority as _priority
 from vllm_ir.log import get_logger
 
@@ -39,8 +39,12 @@ class DecisionCache:
         self.fixed: dict[object, Decision] = {}
         self.decisions: dict[tuple, Decision] = {}
         self.kernel_decisions: dict[tuple, Decision] = {}
+        #: ``[bucket map]``: set when a tuning table chooses this op by token range, so keys end
+        #: with the call's range bucket (`vllm_ir.ir.tuning.bucket_map`); ``[None]``: no bucket.
+        self.bucket_cell: list[bytes | None] = [None]
         #: The compiled reader of ``fixed`` and ``decisions`` (None: pure Python).
         self.lookup = fast_lookup.make_lookup(op, self.fixed, self.decisions, _priority.scope_var)
+        self.set_buckets(tuning.bucket_map(op.name))
         #: ``key(scope, *args)``: set once the op's entry points are generated.
         self.key: Callable[..., Any] | None = None
 
@@ -62,9 +66,10 @@ class DecisionCache:
             fallback.apply(op, decision)
         # Priorities or registrations changed meanwhile (another thread): run it, don't keep it.
         current = epoch == registry.epoch
-        if current and not decision.skipped and decision.impl.supports_args is None:
+        if current and not decision.skipped and decision.impl.supports_args is None and not tuning.mentions(op.name):
             # Nothing was skipped, so the first candidate ran, and it accepts every call:
-            # no per-call key is needed in this scope.
+            # no per-call key is needed in this scope (unless a tuning table orders the
+            # candidates per dtype and token range: then the first candidate depends on the call).
             self.fixed[key[0]] = decision
         elif current and decision.cacheable:
             if len(self.decisions) >= MAX_CACHED_DECISIONS:
@@ -91,6 +96,17 @@ class DecisionCache:
                     self.kernel_decisions.clear()
                 self.kernel_decisions[key] = decision
         return decision
+
+    def set_buckets(self, buckets: bytes | None) -> bool:
+        """Key calls on their token-range bucket (``buckets``: one byte per token-count bit
+        length) or not (None); forgets every decision when that changes. True if it changed."""
+        if buckets == self.bucket_cell[0]:
+            return False
+        self.bucket_cell[0] = buckets
+        if self.lookup is not None:
+            self.lookup.set_buckets(buckets)
+        self.clear()
+        return True
 
     def clear(self) -> None:
         """Forget every decision (their skip counts go to the statistics)."""

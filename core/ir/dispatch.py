@@ -21,7 +21,7 @@ import torch
 
 from vllm_ir.ir import fast_lookup
 from vllm_ir.ir.aliasing import precise_donation_conflict
-from vllm_ir.ir.cache_key import first_token_count, freeze, tensor_facts
+from vllm_ir.ir.cache_key import bucket, first_token_count, freeze, tensor_facts
 from vllm_ir.ir.priority import current_scope
 from vllm_ir.log import get_logger
 
@@ -93,6 +93,8 @@ def build_entry_points(
         "_torch_maybe_inplace": torch_maybe_inplace,
         "_facts": tensor_facts,
         "_first_token_count": first_token_count,
+        "_bucket": bucket,
+        "_buckets": cache.bucket_cell,
         "_freeze": freeze,
         "_lookup": lookup.lookup if lookup is not None else None,
         "_compiled_key": lookup.key if lookup is not None else None,
@@ -102,11 +104,20 @@ def build_entry_points(
     relate = len(op.token_params) >= 2
     key_parts = ["_vi_scope"] + [_key_expr(op, name, relate) for name in names]
     prelude = f"_vi_lead = _first_token_count({', '.join(op.token_params)})" if relate else ""
+    # A tuning table that chooses this op by token range puts the range bucket last (None: no bucket).
+    counted = f"_first_token_count({', '.join(op.token_params)})" if op.token_params else "None"
+    with_bucket = f"_vi_k if _buckets[0] is None else _vi_k + (_bucket(_buckets[0], {counted}),)"
     env["_python_key"] = _define(
         op,
         "python_key",
         "_python_key",
-        _guarded("_python_key", f"_vi_scope, {call}", f"({', '.join(key_parts)},)", call, prelude),
+        _guarded(
+            "_python_key",
+            f"_vi_scope, {call}",
+            with_bucket,
+            call,
+            "\n        ".join(filter(None, (prelude, f"_vi_k = ({', '.join(key_parts)},)"))),
+        ),
         env,
     )
     env["_needs_grad"] = _define(

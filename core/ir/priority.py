@@ -1,7 +1,8 @@
 """Which providers an op tries, in what order, and which layer asked for each.
 
 Layers, lowest first: defaults (platform and provider hooks, per mode, or an op's
-`IrOp.set_default` list from code, which replaces the hooks' for that op) < the site config
+`IrOp.set_default` list from code, which replaces the hooks' for that op) < measured tuning
+tables (`vllm_ir.ir.tuning`: per op, mode, dtype and token range, so they apply to calls) < the site config
 file (``VLLM_IR_CONFIG``, per mode, `vllm_ir.config`) < the ``VLLM_IR_OP_PRIORITY``
 environment variable < `set_priority` (process-wide) < the scoped `priority` context (per
 thread/task, nests). Each layer's list is placed in front of the layers below it; the first
@@ -31,6 +32,7 @@ from vllm_ir.ir.impl import NATIVE, IrOpImpl, reason_of
 
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
+    from vllm_ir.ir.tuning import TuningEntry
 
 Mode = Literal["eager", "compile"]
 MODES: tuple[Mode, ...] = ("eager", "compile")
@@ -44,11 +46,14 @@ class PriorityLayer(enum.IntEnum):
     """Where a priority entry came from; higher layers are tried first."""
 
     DEFAULT = 0
+    #: A measured tuning table's entry for the call's dtype and token range; source
+    #: ``"tuning <path>, T ∈ [low, high)"`` (`vllm_ir.ir.tuning`).
+    TUNING = 1
     #: The site config file (``VLLM_IR_CONFIG``); source ``"config <path>"``.
-    CONFIG = 1
-    ENV = 2
-    GLOBAL = 3
-    SCOPED = 4
+    CONFIG = 2
+    ENV = 3
+    GLOBAL = 4
+    SCOPED = 5
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,7 @@ def _no_reason(provider: str) -> str | None:
 #: (its plugin failed, was refused, blocked or not loaded): the reason ``providers list`` shows. None: unknown.
 _absence_reason: Callable[[str], str | None] = _no_reason
 _settings: Settings | None = None
-_resolved: dict[tuple[str, Mode, _Scope | None], ResolvedPriority] = {}
+_resolved: dict[tuple[str, Mode, _Scope | None, TuningEntry | None], ResolvedPriority] = {}
 registry.on_invalidate(_resolved.clear)
 
 current_scope = scope_var.get
@@ -168,11 +173,13 @@ def reload_env() -> Settings:
     """
     global _settings
     from vllm_ir import config
+    from vllm_ir.ir import tuning
 
     with registry.lock:
         _settings = None
         registry.invalidate()
         config.reload()
+        tuning.reload()
         registry.ensure_providers_loaded()
         read = _read_env(os.environ)
         env.report(_OWNER, list(read.findings), replace=True, warn=False)
@@ -266,22 +273,28 @@ def priority(**op_priorities: Sequence[str]) -> Iterator[None]:
         scope_var.reset(token)
 
 
-def resolve(op: IrOp, mode: Mode = "eager", scope: _Scope | None = None) -> ResolvedPriority:
-    """Merge every layer for ``op`` and classify each entry (cached until invalidated)."""
+def resolve(
+    op: IrOp, mode: Mode = "eager", scope: _Scope | None = None, tuned: TuningEntry | None = None
+) -> ResolvedPriority:
+    """Merge every layer for ``op`` and classify each entry (cached until invalidated).
+
+    ``tuned``: the tuning-table entry for the call being decided (`vllm_ir.ir.tuning.context`);
+    without one (no call, or no table for it) the tuning layer contributes nothing.
+    """
     registry.ensure_providers_loaded()  # waits while another thread runs discovery
-    key = (op.name, mode, scope)
+    key = (op.name, mode, scope, tuned)
     hit = _resolved.get(key)
     if hit is not None:
         return hit
     with registry.lock:
         epoch = registry.epoch
-        resolved = _resolve(op, mode, scope)
+        resolved = _resolve(op, mode, scope, tuned)
         if registry.epoch == epoch:  # nothing changed while it was built (a failing hook may withdraw a plugin)
             _resolved[key] = resolved
         return resolved
 
 
-def _resolve(op: IrOp, mode: Mode, scope: _Scope | None) -> ResolvedPriority:
+def _resolve(op: IrOp, mode: Mode, scope: _Scope | None, tuned: TuningEntry | None = None) -> ResolvedPriority:
     st = settings()
     raw: list[PriorityEntry] = []
     if scope is not None:
@@ -291,6 +304,9 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None) -> ResolvedPriority:
     raw += [PriorityEntry(p, PriorityLayer.ENV, ENV_PRIORITY) for p in st.op_priority.get(op.name, ())]
     config_list = st.config_priority.get(mode, {}).get(op.name, ())
     raw += [PriorityEntry(p, PriorityLayer.CONFIG, st.config_source) for p in config_list]
+    if tuned is not None:
+        source = f"tuning {tuned.path}, {tuned.range_text()}"
+        raw += [PriorityEntry(p, PriorityLayer.TUNING, source) for p in tuned.providers]
     code_defaults = _code_defaults.get((op.name, mode))
     if code_defaults is not None:
         raw += [PriorityEntry(p, PriorityLayer.DEFAULT, "set_default") for p in code_defaults]

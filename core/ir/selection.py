@@ -16,7 +16,7 @@ import torch
 
 from vllm_ir.errors import PredicateError, ProviderWarning
 from vllm_ir.ir import priority as _priority
-from vllm_ir.ir import results
+from vllm_ir.ir import results, tuning
 from vllm_ir.ir.fallback import user_stacklevel
 from vllm_ir.ir.impl import NATIVE, IrOpImpl, Unsupported, reason_of
 from vllm_ir.ir.priority import EntryStatus, Mode, PriorityLayer, current_scope
@@ -67,6 +67,9 @@ class Explanation:
     mode: Mode
     chosen: str
     verdicts: tuple[Verdict, ...]
+    #: What the tuning layer said for this call: the measurement behind its entry and the
+    #: range the call's token count falls in, or why no entry applies (None: no table names the op).
+    tuning: str | None = None
 
     def __str__(self) -> str:
         rows = [(v.provider, v.status, v.source, v.reason or "") for v in self.verdicts]
@@ -75,6 +78,8 @@ class Explanation:
         lines.append(f"  {'provider':<{widths[0]}}  {'verdict':<{widths[1]}}  {'from':<{widths[2]}}  reason")
         for r in rows:
             lines.append(f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip())
+        if self.tuning:
+            lines.append(f"  tuning: {self.tuning}")
         return "\n".join(lines)
 
 
@@ -135,7 +140,8 @@ def decide(op: IrOp, args: Sequence[Any], mode: Mode = "eager", scope: Any = Non
     """Walk the effective priority for ``args`` and return the first implementation that accepts."""
     skipped: list[tuple[str, str]] = []
     cacheable = True
-    for impl, _entry in _priority.resolve(op, mode, scope).candidates:
+    tuned = tuning.context(op, args, mode)
+    for impl, _entry in _priority.resolve(op, mode, scope, tuned and tuned.entry).candidates:
         if impl.supports_args is not None:
             cacheable = cacheable and impl.cacheable
         verdict = ask(impl, args)
@@ -147,7 +153,10 @@ def decide(op: IrOp, args: Sequence[Any], mode: Mode = "eager", scope: Any = Non
 
 def explain(op: IrOp, args: Sequence[Any], mode: Mode = "eager") -> Explanation:
     """Every provider of the effective priority with its verdict for ``args``."""
-    resolved = _priority.resolve(op, mode, current_scope())
+    tuned = tuning.context(op, args, mode)
+    if tuned is None:
+        tuned = tuning.choice(op, args, mode) if tuning.layer().ignored.get(op.name) else None
+    resolved = _priority.resolve(op, mode, current_scope(), tuned and tuned.entry)
     verdicts: list[Verdict] = []
     chosen: str | None = None
     for r in resolved.entries:
@@ -167,7 +176,16 @@ def explain(op: IrOp, args: Sequence[Any], mode: Mode = "eager") -> Explanation:
                 Verdict(e.provider, "declined", reason_of(verdict, "declined by supports_args"), e.layer, e.source)
             )
     assert chosen is not None
-    return Explanation(op.name, mode, chosen, tuple(verdicts))
+    note = None
+    if tuned is not None:
+        note = tuned.describe()
+        if tuned.entry is not None and not any(
+            v.layer is PriorityLayer.TUNING and v.provider == chosen for v in verdicts
+        ):
+            note += "; a higher layer or a declining predicate decided instead"
+        elif tuned.entry is not None:
+            note = "chosen by " + note
+    return Explanation(op.name, mode, chosen, tuple(verdicts), note)
 
 
 def make_decision(op: IrOp, impl: IrOpImpl, skipped: tuple[tuple[str, str], ...], cacheable: bool) -> Decision:

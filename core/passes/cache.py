@@ -36,7 +36,7 @@ import torch
 
 from vllm_ir.errors import ProviderWarning
 from vllm_ir.ir import priority as _priority
-from vllm_ir.ir import registry
+from vllm_ir.ir import registry, tuning
 from vllm_ir.log import get_logger
 
 log = get_logger("passes")
@@ -183,22 +183,29 @@ def priority_fingerprint(mode: _priority.Mode = "compile", scope: object = None)
     """Hash of every op's effective priority in ``mode`` and ``scope``, with candidate code.
 
     Cached per (registry epoch, scope): any registration or priority change bumps the epoch.
+    The tuning tables' entries for ``mode`` are covered too (each entry's priority, with the
+    code of its candidates): a table change invalidates compiled code as a priority change does.
     """
     key = (registry.epoch, mode, scope)
     hit = _priority_cache.get(key)
     if hit is not None:
         return hit
+    tuned_by_op: dict[str, list[Any]] = {}
+    for entry in tuning.applied_entries(mode):
+        tuned_by_op.setdefault(entry.op, []).append(entry)
     parts = []
     for op in registry.all_ops():
-        resolved = _priority.resolve(op, mode, scope)
-        parts.append(
-            (
-                op.name,
-                str(op.schema),
-                op.activations,
-                tuple(_impl_fingerprint(impl) for impl, _entry in resolved.candidates),
+        for tuned in (None, *tuned_by_op.get(op.name, ())):
+            resolved = _priority.resolve(op, mode, scope, tuned)
+            parts.append(
+                (
+                    op.name,
+                    None if tuned is None else (tuned.dtype, tuned.low, tuned.high, tuned.providers),
+                    str(op.schema),
+                    op.activations,
+                    tuple(_impl_fingerprint(impl) for impl, _entry in resolved.candidates),
+                )
             )
-        )
     digest = combine(mode, parts)
     if len(_priority_cache) > 64:
         _priority_cache.clear()
