@@ -42,6 +42,11 @@ def rotary_embedding(
     product is rounded to x's dtype, then the sum/difference is rounded again. Kernels compute
     in fp32 with the same roundings, so they agree with this function to the last bit up to
     fp32 contraction (the default tolerances of OPS.md 4.8 apply).
+
+    vLLM: ``RotaryEmbedding.forward_native`` (``rotary_embedding/base.py``: the cache cast to
+    query's dtype, then ``forward_static`` and ``ApplyRotaryEmb.forward_static``), bit for bit
+    on CPU for fp32, bf16 and fp16, neox and GPT-J style, partial rotary_dim and strided inputs
+    (tests/test_vllm_reference.py).
     """
     rot = cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim
     if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] != rot or rot % 2 or rot > head_size:
