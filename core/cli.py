@@ -63,7 +63,10 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
 
     records = vllm_ir.provider_records()
     bridge = _vllm_bridge()
-    payload = {"providers": [r.to_json() for r in records], "vllm_bridge": bridge}
+    from vllm_ir import plugins
+
+    facts = plugins.provider_facts()
+    payload = {"providers": [r.to_json() for r in records], "provider_facts": facts, "vllm_bridge": bridge}
     rows = []
     for r in records:
         declared = [f"declares {', '.join(r.ops)}"] if r.ops else []
@@ -75,8 +78,14 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
         if rows
         else ("no providers installed (entry point group vllm_ir.providers)")
     )
+    text = "\n".join([text, *_describe_provider_facts(facts)])
     _emit(args, payload, text + "\n" + _describe_bridge(bridge))
     return 0
+
+
+def _describe_provider_facts(facts: dict[str, dict[str, str]]) -> list[str]:
+    """One line per fact a provider reports about how it runs here (``vllm_ir_provider_facts``)."""
+    return [f"{plugin}: {name}: {line}" for plugin, items in facts.items() for name, line in items.items()]
 
 
 def _vllm_bridge() -> dict[str, Any]:
@@ -514,6 +523,7 @@ def _doctor_report() -> dict[str, Any]:
         "settings": {name: os.environ[name] for name in sorted(env.VARIABLES) if name in os.environ},
         "config": site.path,
         "providers": {r.name: r.status.value for r in records},
+        "provider_facts": plugins.provider_facts(),
         "vllm_bridge": bridge,
         "problems": problems,
         "not_for_this_machine": elsewhere,
@@ -614,7 +624,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if report["settings"]:
         lines.append("settings: " + " ".join(f"{k}={v!r}" for k, v in report["settings"].items()))
     lines.append("providers: " + (", ".join(f"{n} ({s})" for n, s in report["providers"].items()) or "none"))
-
+    lines += _describe_provider_facts(report["provider_facts"])
     lines.append(_describe_bridge(report["vllm_bridge"]))
 
     def who(entry: dict[str, Any]) -> str:  # a setting's message starts with the setting's name

@@ -74,6 +74,14 @@ def vllm_ir_tuning_tables(platform: Platform) -> Sequence[str] | None:
     """
 
 
+@hookspec
+def vllm_ir_provider_facts() -> Mapping[str, str] | None:
+    """Facts about how this provider runs here, for ``vllm-ir doctor`` and ``providers list``:
+    ``{name: one line}`` (e.g. which compiled CPU variant runs, which table path it took), or
+    None. Called only by those commands, never per op call; a raising hook shows as its error.
+    """
+
+
 # ---------------------------------------------------------------------------------------
 # What a hook may return
 

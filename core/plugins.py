@@ -465,6 +465,24 @@ def _hook_impls(hook_name: str) -> list[Any]:
 INTERRUPTED_NOTE = "interrupted while importing plugin "
 
 
+def provider_facts() -> dict[str, dict[str, str]]:
+    """Each loaded plugin's ``vllm_ir_provider_facts`` (plugin name -> {fact: line}), for the CLI.
+
+    Display only: a hook that raises or returns something else shows that as its one fact
+    (the plugin stays loaded).
+    """
+    facts: dict[str, dict[str, str]] = {}
+    for impl in _hook_impls("vllm_ir_provider_facts"):
+        try:
+            result = impl.function()
+            if result is None:
+                continue
+            facts[impl.plugin_name] = {str(k): str(v) for k, v in dict(result).items()}
+        except Exception as exc:
+            facts[impl.plugin_name] = {"error": f"vllm_ir_provider_facts raised {_describe_exception(exc)}"}
+    return facts
+
+
 def interrupted_note(record: ProviderRecord) -> str:
     """``interrupted while importing plugin 'x' (distribution acme-x 1.0)``: added to the
     ``KeyboardInterrupt`` that stopped a plugin's import, which then propagates."""

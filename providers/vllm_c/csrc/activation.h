@@ -37,6 +37,25 @@ struct GatedArgs {
   float p1;  // swigluoai: limit
 };
 
+// gelu_and_mul_sparse (vLLM's Gaussian-sparsified GeGLU, Gemma 3n) on rows [.., 2d] -> [.., d]:
+//   cutoff_r = round(mean_r + round(round(std_r) * std_multiplier)),
+//   out[r, i] = round(round(gelu(relu(round(gate_i - cutoff_r)))) * up_i),
+// every rounding to the input dtype, std_r the population std of the row's gate. `means`
+// (one value of the input dtype per row, dense) is the row's mean as native computes it
+// (ATen's own mean, run by the torch side); null: the kernel sums in fp32 itself (CUDA).
+struct SparseGeluArgs {
+  c10::ScalarType dtype;
+  bool tanh;  // approximate="tanh", else the erf form
+  void* out;
+  RowLayout out_rows;
+  const void* input;
+  RowLayout input_rows;
+  int64_t rows;
+  int64_t d;
+  const void* means;
+  float std_multiplier;
+};
+
 enum class ElementwiseKind : int32_t {
   kGeluNew,    // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   kGeluFast,   // 0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2)))
@@ -101,6 +120,42 @@ void run_gated(const char* op, at::Tensor& out, const at::Tensor& input, GatedKi
                  out.size(-1),
                  static_cast<float>(p0),
                  static_cast<float>(p1)};
+  kernel(args);
+  unstage(out, y);
+}
+
+// out <- gelu_and_mul_sparse(input, std_multiplier, approximate): the checks of run_gated,
+// then `kernel` on filled arguments whose `means` are `means_of(x)` (x: the staged input).
+template <typename Means, typename Kernel>
+void run_sparse_gelu(at::Tensor& out, const at::Tensor& input, double std_multiplier, const std::string& approximate,
+                     Means&& means_of, Kernel&& kernel) {
+  constexpr const char* op = "vllm_ir_c::gelu_and_mul_sparse";
+  TORCH_CHECK_VALUE(approximate == "none" || approximate == "tanh", op,
+                    ": approximate must be 'none' or 'tanh', not '", approximate, "'");
+  TORCH_CHECK(input.dim() >= 1 && input.size(-1) % 2 == 0, op, ": input must end in an even dimension, got ",
+              input.sizes());
+  check_activation_dtype(op, input, out);
+  auto expected = input.sizes().vec();
+  expected.back() /= 2;
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(expected), op, ": out has shape ", out.sizes(), ", expected ",
+              at::IntArrayRef(expected));
+  at::assert_no_overlap(out, input);
+  if (out.numel() == 0) {
+    return;
+  }
+  const at::Tensor x = staged(input);
+  at::Tensor y = output_buffer(out);
+  const at::Tensor means = means_of(x);
+  SparseGeluArgs args{input.scalar_type(),
+                      approximate == "tanh",
+                      y.mutable_data_ptr(),
+                      row_layout(y),
+                      x.const_data_ptr(),
+                      row_layout(x),
+                      out.numel() / out.size(-1),
+                      out.size(-1),
+                      means.defined() ? means.const_data_ptr() : nullptr,
+                      static_cast<float>(std_multiplier)};
   kernel(args);
   unstage(out, y);
 }

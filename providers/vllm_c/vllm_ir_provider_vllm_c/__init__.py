@@ -29,7 +29,14 @@ from vllm_ir.hookspecs import hookimpl
 from ._extension import PROVIDER, ExtensionStatus, load
 
 __version__ = "0.1.0"
-__all__ = ["FAMILIES", "STATUS", "ExtensionStatus", "cpu_capability", "vllm_ir_default_priority"]
+__all__ = [
+    "FAMILIES",
+    "STATUS",
+    "ExtensionStatus",
+    "cpu_capability",
+    "vllm_ir_default_priority",
+    "vllm_ir_provider_facts",
+]
 
 
 def _register_families(status: ExtensionStatus) -> tuple[ModuleType, ...]:
@@ -57,6 +64,17 @@ def cpu_capability() -> str | None:
     import torch
 
     return torch.ops.vllm_ir_c.cpu_capability()
+
+
+@hookimpl
+def vllm_ir_provider_facts() -> Mapping[str, str]:
+    """For ``vllm-ir doctor`` / ``providers list``: the CPU variant running and how its 16-bit
+    activation tables are read here (``activation.table_path``: fixed per machine)."""
+    if not STATUS.loaded:
+        return {"extension": f"not loaded: {STATUS.reason}"}
+    from .activation import table_path
+
+    return {"cpu_capability": str(cpu_capability()), "tables": table_path() or "unknown (library predates it)"}
 
 
 @hookimpl

@@ -1,6 +1,6 @@
 """The activation family (csrc/cpu/activation.cpp, csrc/cuda/activation.cu): the gated ops
-``silu_and_mul``, ``mul_and_silu``, ``gelu_and_mul``, ``fatrelu_and_mul``, ``swigluoai_and_mul``
-and the elementwise ``gelu_new``, ``gelu_fast``, ``quick_gelu``, ``relu2``.
+``silu_and_mul``, ``mul_and_silu``, ``gelu_and_mul``, ``fatrelu_and_mul``, ``swigluoai_and_mul``,
+``gelu_and_mul_sparse`` and the elementwise ``gelu_new``, ``gelu_fast``, ``quick_gelu``, ``relu2``.
 
 Each implementation wraps one ``torch.ops.vllm_ir_c`` op writing a fresh output. The predicates
 say why a call is declined; they read dtypes, devices, the number of dimensions, the last
@@ -13,9 +13,16 @@ Numerics (checked by the conformance kit): the CPU kernels of ``silu_and_mul``,
 ``gelu_and_mul`` is too wherever native runs ATen's gelu kernel, but native hands a contiguous
 gate (a single row) to oneDNN, whose erf differs in the last bits; ``swigluoai_and_mul`` rounds
 like native but its sigmoid's scalar/vector split follows the row, not native's flattened
-tensor; ``gelu_new``, ``gelu_fast`` and ``quick_gelu`` use Sleef's tanh and exp where native's
-torch.tanh is MKL's (all within the ops' tolerances). With CUDA kernels built, nothing is
-claimed exact: CUDA's expf/erff/tanhf are not ATen's CPU functions.
+tensor; ``quick_gelu`` uses Sleef's exp, and fp32 ``gelu_new`` / ``gelu_fast`` an exp-based
+tanh, where native's torch.tanh is MKL's (all within the ops' tolerances). 16-bit ``gelu_new``
+and ``gelu_fast`` round every step as vLLM's native does and give its bits for every bf16 and
+fp16 value (tested). ``gelu_and_mul_sparse`` takes its row means from ATen's own mean and its
+std in double as ATen's does: native's bits in 16-bit dtypes wherever the gelu is (not claimed
+``exact``: fp32 and native's oneDNN erf differ in the last bits). With CUDA kernels built,
+nothing is claimed exact: CUDA's expf/erff/tanhf are not ATen's CPU functions.
+
+``table_path()`` says how the AVX512 kernels read their 16-bit activation tables on this
+machine (computed or looked-up values, fixed by CPU vendor or ``VLLM_IR_C_TABLES``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, suppo
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GATED = ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul")
+#: Gated ops normalizing the gate by its row's statistics (their own kernel, csrc SparseGeluArgs).
+ROW_STATISTIC_GATED = ("gelu_and_mul_sparse",)
 ELEMENTWISE = ("gelu_new", "gelu_fast", "quick_gelu", "relu2")
 #: Bit-identical to native on CPU over the whole conformance grid (see the module docstring).
 EXACT_ON_CPU = ("silu_and_mul", "mul_and_silu", "fatrelu_and_mul", "relu2")
@@ -49,10 +58,16 @@ EXACT_ON_CPU = ("silu_and_mul", "mul_and_silu", "fatrelu_and_mul", "relu2")
 EAGER_FIRST = {"cpu": (*GATED, *ELEMENTWISE), "cuda": (*GATED, *ELEMENTWISE)}
 
 
+#: The extension's status, as `register` was given it (table_path reads it).
+_status: ExtensionStatus | None = None
+
+
 def register(status: ExtensionStatus) -> None:
     """Register every activation; unsupported with the load failure's reason if not loaded."""
+    global _status
+    _status = status
     if status.loaded:
-        _register_fakes()
+        _register_fakes(tuple(n for n in ROW_STATISTIC_GATED if hasattr(torch.ops.vllm_ir_c, n)))
     on = devices(status)
     # Every kernel computes each output element from its own inputs in a fixed way: results
     # never depend on the batch, on CPU or CUDA.
@@ -81,7 +96,16 @@ def register(status: ExtensionStatus) -> None:
         verdict = _device_and_dtype(x, on)
         return True if verdict is None else verdict
 
-    kernels = {name: torch_op(status, name) for name in (*GATED, *ELEMENTWISE)}
+    # A library built before gelu_and_mul_sparse existed (an install not rebuilt): that one op
+    # is unsupported, saying so, and the rest work.
+    sparse_built = not status.loaded or hasattr(torch.ops.vllm_ir_c, "gelu_and_mul_sparse")
+    sparse_options = dict(options)
+    if not sparse_built:
+        sparse_options["supported"] = Unsupported(
+            "the vllm_c library predates gelu_and_mul_sparse: rebuild it (pip install -e providers/vllm_c)"
+        )
+    names = (*GATED, *(ROW_STATISTIC_GATED if sparse_built else ()), *ELEMENTWISE)
+    kernels = {name: torch_op(status, name) for name in names}
 
     def gated_out(x: Tensor) -> Tensor:
         return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
@@ -146,6 +170,22 @@ def register(status: ExtensionStatus) -> None:
         kernels["swigluoai_and_mul"](out, x, alpha, limit)
         return out
 
+    # As for gelu_and_mul: a bad `approximate` raises (native would too), the kernel says so.
+    def supports_gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "none") -> bool | Unsupported:
+        return gated_verdict(x)
+
+    @vllm_ir.ops.gelu_and_mul_sparse.register_impl(
+        PROVIDER, supports_args=supports_gelu_and_mul_sparse, exact=False, **sparse_options
+    )
+    def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "none") -> Tensor:
+        if approximate not in ("none", "tanh"):
+            raise ValueError(
+                f"gelu_and_mul_sparse (provider {PROVIDER}): approximate must be 'none' or 'tanh', not {approximate!r}"
+            )
+        out = gated_out(x)
+        kernels["gelu_and_mul_sparse"](out, x, float(std_multiplier), approximate)
+        return out
+
     for name in ELEMENTWISE:
         _register_elementwise(name, kernels[name], elementwise_verdict, exact(name), options)
 
@@ -180,11 +220,21 @@ def _device_and_dtype(x: Tensor, device_types: tuple[str, ...]) -> Unsupported |
     return None
 
 
-def _register_fakes() -> None:
+def _register_fakes(row_statistic: tuple[str, ...]) -> None:
     """Fake kernels: the ops only write their ``(a!)`` output, so tracing needs no results."""
-    for name in (*GATED, *ELEMENTWISE):
+    for name in (*GATED, *row_statistic, *ELEMENTWISE):
         torch.library.register_fake(f"vllm_ir_c::{name}")(_no_result)
 
 
 def _no_result(*args: object) -> None:
     return None
+
+
+def table_path() -> str | None:
+    """How the CPU kernels read their 16-bit activation tables in this process, and why:
+    ``"lookup: ..."`` / ``"computed: ..."`` (AVX512: fixed by CPU vendor, or ``VLLM_IR_C_TABLES``),
+    ``"off: ..."`` (``VLLM_IR_C_TABLES=0``), ``"none: ..."`` (below AVX512 every element is
+    computed). None without the extension. The bits are the same whichever it is."""
+    if _status is None or not _status.loaded or not hasattr(torch.ops.vllm_ir_c, "table_path"):
+        return None
+    return str(torch.ops.vllm_ir_c.table_path())

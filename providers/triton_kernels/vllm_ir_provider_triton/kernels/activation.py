@@ -10,9 +10,12 @@ Values are cast to fp32 at load and to the output dtype at store (the Triton CPU
 bf16 arithmetic yields NaN). Gated ops round where the op's definition rounds -- the
 activation to x's dtype before the multiply, and every step of ``swigluoai_and_mul`` -- so
 that kernels whose arithmetic is exact (``fatrelu_and_mul``) are bit-identical to native and
-the others differ only where exp/erf implementations differ. ``x * sigmoid(2y)`` stands for
-``0.5 x (1 + tanh(y))`` (the same function): it needs no tanh, which Triton's core language
-lacks, and is more accurate for negative x, where ``1 + tanh(y)`` cancels.
+the others differ only where exp/erf implementations differ. In the gated tanh GELU,
+``x * sigmoid(2y)`` stands for ``0.5 x (1 + tanh(y))`` (the same function): it needs no tanh,
+which Triton's core language lacks. ``gelu_new`` and ``gelu_fast`` are vLLM's expressions op
+for op, each step rounded to x's dtype, with `_tanh` (an exp-based tanh with a series near 0).
+``gelu_and_mul_sparse`` has its own row kernel (one program per row: the gate's mean and std
+first, then the activation), as vLLM's Triton kernel.
 
 The kernels are exposed as ``torch.library.triton_op``s in the ``vllm_ir_triton`` namespace
 so the vllm-ir lowering pass traces them into compiled graphs.
@@ -48,6 +51,8 @@ QUICK_GELU = tl.constexpr(2)
 RELU2 = tl.constexpr(3)
 
 _GATED_IDS = range(6)
+#: Widest gate ``gelu_and_mul_sparse_out`` takes (one program holds a row's gate and up).
+MAX_SPARSE_D = 32768
 _LAYOUTS = range(3)
 _ELEMENTWISE_IDS = range(4)
 
@@ -87,6 +92,25 @@ def _cast(v, DTYPE: tl.constexpr):
 def _times_sigmoid(v, s):
     """``v * sigmoid(s)`` in fp32; ``v / inf`` gives the signed zero the tanh form gives."""
     return v / (1.0 + tl.exp(-s))
+
+
+@triton.jit
+def _tanh(u):
+    """tanh in fp32: an odd series for |u| < 1/4 (no cancellation), else (1 - e) / (1 + e), e = exp(-2|u|)."""
+    a = tl.abs(u)
+    u2 = u * u
+    series = u * (
+        1.0 + u2 * (-1.0 / 3 + u2 * (2.0 / 15 + u2 * (-17.0 / 315 + u2 * (62.0 / 2835 + u2 * (-1382.0 / 155925)))))
+    )
+    e = tl.exp(-2.0 * a)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(a < 0.25, series, tl.where(u < 0.0, -t, t))
+
+
+@triton.jit
+def _half_x_one_plus_tanh(x, u, DTYPE: tl.constexpr):
+    """``0.5 * x * (1 + tanh(u))`` after u, each step rounded to ``DTYPE`` as torch's ops round it."""
+    return _round(0.5 * x, DTYPE) * _round(1.0 + _round(_tanh(u), DTYPE), DTYPE)
 
 
 @triton.jit
@@ -171,21 +195,66 @@ def _elementwise_kernel(
     n_cols,
     col_blocks,
     ACT: tl.constexpr,
+    CUBE_ROUNDS_SQUARE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     rows, cols, mask = _tile(n_rows, n_cols, col_blocks, BLOCK_R, BLOCK_C)
     x = tl.load(x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    if ACT == GELU_NEW:
-        y = _times_sigmoid(x, 2.0 * (0.7978845608028654 * (x + 0.044715 * x * x * x)))
-    elif ACT == GELU_FAST:
-        y = _times_sigmoid(x, 2.0 * (0.7978845608 * x * (1.0 + 0.044715 * x * x)))
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    if ACT == GELU_NEW:  # 0.5 * x * (1 + tanh(c * (x + 0.044715 * pow(x, 3.0))))
+        if CUBE_ROUNDS_SQUARE:
+            cube = _round(_round(x * x, DTYPE) * x, DTYPE)
+        else:
+            cube = _round(x * x * x, DTYPE)
+        u = _round(0.7978845608028654 * _round(x + _round(0.044715 * cube, DTYPE), DTYPE), DTYPE)
+        y = _half_x_one_plus_tanh(x, u, DTYPE)
+    elif ACT == GELU_FAST:  # 0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))
+        e = _round(1.0 + _round(_round(0.044715 * x, DTYPE) * x, DTYPE), DTYPE)
+        y = _half_x_one_plus_tanh(x, _round(_round(x * 0.7978845608, DTYPE) * e, DTYPE), DTYPE)
     elif ACT == QUICK_GELU:
         y = _times_sigmoid(x, 1.702 * x)
     else:  # RELU2: NaN < 0 is false, so NaN stays NaN
         r = tl.where(x < 0.0, 0.0, x)
         y = r * r
-    tl.store(out_ptr + rows * out_row_stride + cols, _cast(y, out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + rows * out_row_stride + cols, _cast(y, DTYPE), mask=mask)
+
+
+@triton.jit
+def _gelu_and_mul_sparse_kernel(
+    out_ptr,
+    x_ptr,
+    x_row_stride,
+    d,
+    std_multiplier,
+    TANH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One row: ``gelu(relu(gate - (mean + std * std_multiplier))) * up``, rounded as native rounds.
+
+    The mean and the population std are reduced in fp32 (native: ATen's fp32 sum, and a double
+    std), then each is rounded to the dtype, as are ``std * std_multiplier``, the cutoff, the
+    difference, and the activation before the multiply.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < d
+    x_row = x_ptr + row * x_row_stride
+    gate = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    mean = tl.sum(gate, axis=0) / d
+    centered = tl.where(mask, gate - mean, 0.0)
+    std = tl.sqrt(tl.sum(centered * centered, axis=0) / d)
+    scaled = _round(_round(std, DTYPE) * tl.cast(std_multiplier, tl.float32), DTYPE)
+    cutoff = _round(_round(mean, DTYPE) + scaled, DTYPE)
+    s = _round(gate - cutoff, DTYPE)
+    s = tl.where(s < 0.0, 0.0, s)  # relu; NaN < 0 is false, so NaN stays
+    if TANH:
+        a = _times_sigmoid(s, 2.0 * (0.7978845608028654 * (s + 0.044715 * s * s * s)))
+    else:
+        a = 0.5 * s * (1.0 + tl.math.erf(s * 0.7071067811865476))
+    up = tl.load(x_row + d + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * d + cols, _cast(_round(a, DTYPE) * up, DTYPE), mask=mask)
 
 
 def _tiles(n_rows: int, n_cols: int) -> tuple[int, int, int, int]:
@@ -239,9 +308,39 @@ def gated_activation_out(out: Tensor, x: Tensor, activation: int, layout: int, p
     )  # fmt: skip
 
 
+@triton_op("vllm_ir_triton::gelu_and_mul_sparse_out", mutates_args={"out"})
+def gelu_and_mul_sparse_out(out: Tensor, x: Tensor, std_multiplier: float, tanh: bool) -> None:
+    """``out[..., d] = gelu_and_mul_sparse(x[..., 2d])`` (``tanh``: approximate="tanh"), one program per row.
+
+    ``x`` is contiguous or 2-D with a unit inner stride, ``d <= MAX_SPARSE_D``; ``out`` is contiguous.
+    """
+    what = "gelu_and_mul_sparse_out"
+    _check(what, x.dim() >= 1 and x.shape[-1] % 2 == 0, f"x of shape {list(x.shape)}")
+    d = x.shape[-1] // 2
+    _check(what, d <= MAX_SPARSE_D, f"the gate has {d} columns (at most {MAX_SPARSE_D})")
+    _check(what, out.shape == (*x.shape[:-1], d), f"out {list(out.shape)} for x {list(x.shape)}")
+    _check(what, out.is_contiguous(), "out must be contiguous")
+    _check(
+        what,
+        x.is_contiguous() or (x.dim() == 2 and x.stride(-1) == 1),
+        "x must be contiguous, or 2-D rows with a unit inner stride",
+    )
+    rows = out.numel() // d if d else 0
+    if rows == 0:
+        return
+    block = max(16, triton.next_power_of_2(d))
+    wrap_triton(_gelu_and_mul_sparse_kernel)[(rows,)](
+        out, x, _row_stride(x), d, std_multiplier, TANH=tanh, BLOCK=block, num_warps=min(max(block // 256, 1), 8)
+    )
+
+
 @triton_op("vllm_ir_triton::elementwise_activation_out", mutates_args={"out"})
 def elementwise_activation_out(out: Tensor, x: Tensor, activation: int) -> None:
-    """``out = act(x)`` for ``x`` contiguous (one flat row) or 2-D with a unit inner stride."""
+    """``out = act(x)`` for ``x`` contiguous (one flat row) or 2-D with a unit inner stride.
+
+    ``pow(x, 3.0)`` in gelu_new rounds x * x to x's dtype before the product with x wherever
+    native's does: bf16 on every device, fp16 off the CPU (ATen's CPU fp16 pow rounds the cube once).
+    """
     _check("elementwise_activation_out", activation in _ELEMENTWISE_IDS, f"unknown activation id {activation}")
     _check("elementwise_activation_out", out.shape == x.shape, f"out {list(out.shape)} for x {list(x.shape)}")
     _check("elementwise_activation_out", out.is_contiguous(), "out must be contiguous")
@@ -257,9 +356,11 @@ def elementwise_activation_out(out: Tensor, x: Tensor, activation: int) -> None:
         )
         rows, cols, x_stride = x.shape[0], x.shape[1], x.stride(0)
     programs, col_blocks, block_r, block_c = _tiles(rows, cols)
+    cube_rounds_square = x.dtype == torch.bfloat16 or (x.dtype == torch.float16 and x.device.type != "cpu")
     wrap_triton(_elementwise_kernel)[(programs,)](
-        out, x, cols, x_stride, rows, cols, col_blocks, ACT=activation, BLOCK_R=block_r, BLOCK_C=block_c
-    )
+        out, x, cols, x_stride, rows, cols, col_blocks,
+        ACT=activation, CUBE_ROUNDS_SQUARE=cube_rounds_square, BLOCK_R=block_r, BLOCK_C=block_c,
+    )  # fmt: skip
 
 
-__all__ = ["elementwise_activation_out", "gated_activation_out", "torch"]
+__all__ = ["elementwise_activation_out", "gated_activation_out", "gelu_and_mul_sparse_out", "torch"]

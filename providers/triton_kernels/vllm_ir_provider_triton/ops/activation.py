@@ -21,6 +21,9 @@ from vllm_ir_provider_triton import SUPPORTED, interpreting
 
 PROVIDER = "triton"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Widest gate of gelu_and_mul_sparse's row kernel (kernels.activation.MAX_SPARSE_D; not imported
+#: from there, which needs Triton).
+MAX_SPARSE_D = 32768
 
 
 def _device_and_dtype(x: Tensor) -> bool | vllm_ir.Unsupported:
@@ -67,13 +70,35 @@ def swigluoai_and_mul_supports(x: Tensor, alpha: float = 1.702, limit: float = 7
     return gated_supports(x)
 
 
+def gelu_and_mul_sparse_supports(
+    x: Tensor, std_multiplier: float, approximate: str = "none"
+) -> bool | vllm_ir.Unsupported:
+    """The gated layouts, with a gate of at most MAX_SPARSE_D columns (one program holds a row)."""
+    if approximate not in ("none", "tanh"):
+        return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
+    verdict = gated_supports(x)
+    if not verdict:
+        return verdict
+    if x.shape[-1] // 2 > MAX_SPARSE_D:
+        return vllm_ir.Unsupported(
+            f"the gate has {x.shape[-1] // 2} columns (the row kernel holds at most {MAX_SPARSE_D})"
+        )
+    return True
+
+
 def _gated_out(x: Tensor) -> Tensor:
     return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
 
 
 if SUPPORTED:
     from vllm_ir_provider_triton.kernels import activation as k
-    from vllm_ir_provider_triton.kernels.activation import elementwise_activation_out, gated_activation_out
+    from vllm_ir_provider_triton.kernels.activation import (
+        elementwise_activation_out,
+        gated_activation_out,
+        gelu_and_mul_sparse_out,
+    )
+
+    assert k.MAX_SPARSE_D == MAX_SPARSE_D
 
     def _gated(x: Tensor, activation: int, layout: int, p0: float = 0.0, p1: float = 0.0) -> Tensor:
         out = _gated_out(x)
@@ -117,6 +142,19 @@ if SUPPORTED:
     def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
         return _gated(x, k.SWIGLUOAI.value, k.INTERLEAVED.value, float(alpha), float(limit))
 
+    # vLLM's own Triton gelu_and_mul_sparse is a triton_op too: Inductor sees into it under compile.
+    @vllm_ir.ops.gelu_and_mul_sparse.register_impl(
+        PROVIDER, supports_args=gelu_and_mul_sparse_supports, batch_invariant=True
+    )
+    def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "none") -> Tensor:
+        if approximate not in ("none", "tanh"):
+            raise ValueError(
+                f"gelu_and_mul_sparse (provider triton): approximate must be 'none' or 'tanh', not {approximate!r}"
+            )
+        out = _gated_out(x)
+        gelu_and_mul_sparse_out(out, x, float(std_multiplier), approximate == "tanh")
+        return out
+
     @vllm_ir.ops.gelu_new.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True)
     def gelu_new(x: Tensor) -> Tensor:
         return _elementwise(x, k.GELU_NEW.value)
@@ -140,6 +178,7 @@ else:
         vllm_ir.ops.gelu_and_mul,
         vllm_ir.ops.fatrelu_and_mul,
         vllm_ir.ops.swigluoai_and_mul,
+        vllm_ir.ops.gelu_and_mul_sparse,
         vllm_ir.ops.gelu_new,
         vllm_ir.ops.gelu_fast,
         vllm_ir.ops.quick_gelu,

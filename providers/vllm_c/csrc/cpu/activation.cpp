@@ -1,6 +1,6 @@
 // The activation family on CPU: the gated ops (silu_and_mul, mul_and_silu, gelu_and_mul with
-// erf or tanh, fatrelu_and_mul, swigluoai_and_mul) and the elementwise ones (gelu_new,
-// gelu_fast, quick_gelu, relu2).
+// erf or tanh, fatrelu_and_mul, swigluoai_and_mul, gelu_and_mul_sparse) and the elementwise
+// ones (gelu_new, gelu_fast, quick_gelu, relu2).
 //
 // Compiled once per CPU capability (cpu/dispatch_stub.h). Two loops serve every op: a gated
 // row loop (at::parallel_for over rows, each row in steps of two fp32 vectors) and a flat
@@ -46,6 +46,7 @@ namespace vllm_ir_c {
 
 VLLM_IR_C_DECLARE_DISPATCH(void (*)(const GatedArgs&), gated_activation_stub);
 VLLM_IR_C_DECLARE_DISPATCH(void (*)(const ElementwiseArgs&), elementwise_activation_stub);
+VLLM_IR_C_DECLARE_DISPATCH(void (*)(const SparseGeluArgs&), sparse_gelu_stub);
 
 namespace CPU_CAPABILITY {
 namespace {
@@ -360,16 +361,119 @@ void gated_kernel(const GatedArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------
-// elementwise activations: fp32 math on x, rounded once by the store. Every element runs the
-// vector form (a partial step for the remainder), so an element's bits never depend on its
-// position or the tensor's size: the kernels are batch-invariant. None is bit-identical to
-// native but relu2 (exact operations only): native's torch.tanh is MKL's vsTanh in x86
-// builds, and torch.sigmoid runs its scalar form on each parallel chunk's remainder.
+// gelu_and_mul_sparse: per row, the gate's population std in double (as ATen's std computes
+// it: Welford in double, then rounded to float and to T), the cutoff from native's mean (the
+// torch side runs ATen's, whose fp32 summation order decides the rounding), then one pass:
+// round(gate - cutoff), relu, gelu rounded to T (looked up for 16-bit T with AVX512: the same
+// table as gelu_and_mul's), times up. The vector form covers every element (a partial step
+// for a row's remainder): native's gelu runs on a contiguous [rows, d] tensor, flattened.
+
+// The sum of double(p[i]) - center over a row, and of its squares (`kSquares`), in double:
+// kStep independent lanes (the compiler vectorizes the widening adds), then the lanes in order.
+template <bool kSquares, typename T>
+inline double row_sum_double(const T* p, int64_t n, double center) {
+  alignas(64) float lanes[kStep];
+  double acc[kStep] = {};
+  int64_t i = 0;
+  for (; i + kStep <= n; i += kStep) {
+    auto [x0, x1] = load_float(p + i);
+    x0.store(lanes);
+    x1.store(lanes + fVec::size());
+    for (int64_t k = 0; k < kStep; ++k) {
+      const double v = static_cast<double>(lanes[k]) - center;
+      acc[k] += kSquares ? v * v : v;
+    }
+  }
+  double sum = 0.0;
+  for (; i < n; ++i) {
+    const double v = static_cast<double>(static_cast<float>(p[i])) - center;
+    sum += kSquares ? v * v : v;
+  }
+  for (int64_t k = 0; k < kStep; ++k) {
+    sum += acc[k];
+  }
+  return sum;
+}
+
+// torch.std(row, unbiased=False) as T would hold it: sqrt of the double variance (two passes:
+// the mean, then squared deviations from it), rounded to float, then to T.
+template <typename T>
+inline float row_std(const T* gate, int64_t d) {
+  const double mean = row_sum_double<false>(gate, d, 0.0) / static_cast<double>(d);
+  const double variance = row_sum_double<true>(gate, d, mean) / static_cast<double>(d);
+  return static_cast<float>(static_cast<T>(static_cast<float>(std::sqrt(variance))));
+}
+
+template <typename T, bool kTanh>
+void sparse_gelu_rows(const SparseGeluArgs& a) {
+  const T* input = static_cast<const T*>(a.input);
+  const T* means = static_cast<const T*>(a.means);
+  T* out = static_cast<T*>(a.out);
+  const int64_t d = a.d;
+  const auto r = [](float v) { return static_cast<float>(static_cast<T>(v)); };  // a rounding to T
+  const act_vec::TableOf<T, GeluFn<kTanh>> table{};
+  const GeluFn<kTanh> gelu{};
+  const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(d, 1));
+  at::parallel_for(0, a.rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* gate = input + a.input_rows.offset(row);
+      const T* up = gate + d;
+      T* o = out + a.out_rows.offset(row);
+      const float cutoff = r(static_cast<float>(means[row]) + r(row_std(gate, d) * a.std_multiplier));
+      const fVec c(cutoff);
+      const fVec zero(0.0f);
+      const auto step = [&](const Pair& g, const Pair& u) -> Pair {
+        auto [s0, s1] = round_float<T>(std::get<0>(g) - c, std::get<1>(g) - c);
+        s0 = at::vec::clamp_min(s0, zero);  // relu; NaN stays NaN
+        s1 = at::vec::clamp_min(s1, zero);
+        Pair act;
+        if constexpr (!std::is_same_v<decltype(table), const std::false_type>) {
+          if (table) {
+            act = table.values(s0, s1);
+          } else {
+            act = round_float<T>(gelu(s0), gelu(s1));
+          }
+        } else {
+          act = round_float<T>(gelu(s0), gelu(s1));
+        }
+        return {std::get<0>(act) * std::get<0>(u), std::get<1>(act) * std::get<1>(u)};
+      };
+      int64_t i = 0;
+      for (; i + kStep <= d; i += kStep) {
+        auto [y0, y1] = step(load_float(gate + i), load_float(up + i));
+        store_float(o + i, y0, y1);
+      }
+      if (i < d) {
+        auto [y0, y1] = step(load_float(gate + i, d - i), load_float(up + i, d - i));
+        store_float(o + i, y0, y1, d - i);
+      }
+    }
+  });
+}
+
+void sparse_gelu_kernel(const SparseGeluArgs& a) {
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "vllm_ir_c gelu_and_mul_sparse (cpu)", [&] {
+    if (a.tanh) {
+      sparse_gelu_rows<scalar_t, true>(a);
+    } else {
+      sparse_gelu_rows<scalar_t, false>(a);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// elementwise activations. quick_gelu and relu2: fp32 math on x, rounded once by the store;
+// gelu_new and gelu_fast: vLLM's forward_native expressions op for op, each step rounded to
+// x's dtype (for fp32 x, their fp32 math). Every element runs the vector form (a partial
+// step for the remainder), so an element's bits never depend on its position or the tensor's
+// size: the kernels are batch-invariant. For 16-bit x, gelu_new and gelu_fast give native's
+// bits (every bf16 and fp16 value is tested); fp32 results and quick_gelu are within the
+// ops' tolerances: native's torch.tanh is MKL's vsTanh in x86 builds, and torch.sigmoid runs
+// its scalar form on each parallel chunk's remainder.
 //
-// The tanh GELUs use 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + exp(-2u)): one exp and one
-// division instead of Sleef's tanh (which made them compute-bound at a third of copy_'s
-// bandwidth), and no cancellation (1 + tanh(u) near u = -inf is computed from a quotient, not
-// a difference); the results stay within a few fp32 ulp of the exact value.
+// fp32 tanh GELUs use 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + exp(-2u)): one exp and
+// one division instead of Sleef's tanh (which made them compute-bound at a third of copy_'s
+// bandwidth), with u computed as native computes it; within a few fp32 ulp of native.
 
 const float kSqrt2OverPi = static_cast<float>(std::sqrt(2.0 / M_PI));
 
@@ -378,45 +482,71 @@ inline fVec x_sigmoid_2u(const fVec& x, const fVec& u, const Exp& exp) {
   return x / (fVec(1.0f) + exp(u * fVec(-2.0f)));
 }
 
-// Each of the three below: math(x, exp) with ATen's exp is the vector form; with AVX512, bf16
-// table values are computed by it with act_vec::exp_fast (act_vec.h; table16::Reader checks
-// them against the table once) for |x| below `kFastBelow` (bf16 bits), where e^z stays in range.
+// v rounded to T, for each of two fp32 vectors (T = float: as is).
+template <typename T>
+inline Pair rounded(const fVec& a, const fVec& b) {
+  return round_float<T>(a, b);
+}
 
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): u in the declaration's order of operations.
+// The steps of 0.5 * x * (1 + tanh(u)) after u, rounded to T as native's ops round them.
+template <typename T>
+inline Pair half_x_one_plus_tanh(const Pair& x, const Pair& u) {
+  const fVec one(1.0f);
+  const fVec half(0.5f);
+  auto [t0, t1] = rounded<T>(std::get<0>(u).tanh(), std::get<1>(u).tanh());
+  auto [g0, g1] = rounded<T>(one + t0, one + t1);
+  auto [h0, h1] = rounded<T>(half * std::get<0>(x), half * std::get<1>(x));
+  return {h0 * g0, h1 * g1};  // rounded by the store (or the table)
+}
+
+// vLLM's NewGELU: 0.5 * x * (1 + tanh(c * (x + 0.044715 * pow(x, 3.0)))), c = sqrt(2/pi) (a
+// float32 scalar, as every scalar of the expression). pow(x, 3.0) is ATen's: bf16 rounds x * x
+// and then its product with x; fp16 takes powf's cube, rounded once.
+template <typename T>
 struct GeluNew {
-  template <typename Exp>
-  static fVec math(const fVec& x, const Exp& exp) {
-    return x_sigmoid_2u(x, fVec(kSqrt2OverPi) * (x + fVec(kGeluKappa) * (x * x * x)), exp);
+  Pair operator()(const fVec& x0, const fVec& x1) const {
+    if constexpr (std::is_same_v<T, float>) {
+      const auto u = [](const fVec& x) { return fVec(kSqrt2OverPi) * (x + fVec(kGeluKappa) * (x * x * x)); };
+      return {x_sigmoid_2u(x0, u(x0), act_vec::AtenExp{}), x_sigmoid_2u(x1, u(x1), act_vec::AtenExp{})};
+    } else {
+      Pair cube;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        auto [s0, s1] = rounded<T>(x0 * x0, x1 * x1);
+        cube = rounded<T>(s0 * x0, s1 * x1);
+      } else {
+        cube = rounded<T>(x0 * x0 * x0, x1 * x1 * x1);
+      }
+      auto [k0, k1] = rounded<T>(fVec(kGeluKappa) * std::get<0>(cube), fVec(kGeluKappa) * std::get<1>(cube));
+      auto [s0, s1] = rounded<T>(x0 + k0, x1 + k1);
+      return half_x_one_plus_tanh<T>({x0, x1}, rounded<T>(fVec(kSqrt2OverPi) * s0, fVec(kSqrt2OverPi) * s1));
+    }
   }
-  static constexpr uint16_t kFastBelow = 0x4100;  // 8
-  fVec operator()(const fVec& x) const {
-    return math(x, act_vec::AtenExp{});
-  }
-#if defined(CPU_CAPABILITY_AVX512)
-  static bool table_values(const c10::BFloat16* x, fVec& a0, fVec& a1) {
-    return act_vec::table_values_by(x, kFastBelow, [](const fVec& v) { return math(v, act_vec::FastExp{}); }, a0, a1);
-  }
-#endif
 };
 
-// 0.5 x (1 + tanh(x 0.7978845608 (1 + 0.044715 x x))).
+// vLLM's FastGELU: 0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x))).
+template <typename T>
 struct GeluFast {
-  template <typename Exp>
-  static fVec math(const fVec& x, const Exp& exp) {
-    return x_sigmoid_2u(x, x * fVec(static_cast<float>(0.7978845608)) * (fVec(1.0f) + fVec(kGeluKappa) * x * x), exp);
+  Pair operator()(const fVec& x0, const fVec& x1) const {
+    const fVec c(static_cast<float>(0.7978845608));
+    const fVec one(1.0f);
+    if constexpr (std::is_same_v<T, float>) {
+      const auto u = [&](const fVec& x) { return x * c * (one + fVec(kGeluKappa) * x * x); };
+      return {x_sigmoid_2u(x0, u(x0), act_vec::AtenExp{}), x_sigmoid_2u(x1, u(x1), act_vec::AtenExp{})};
+    } else {
+      auto [a0, a1] = rounded<T>(x0 * c, x1 * c);
+      auto [b0, b1] = rounded<T>(fVec(kGeluKappa) * x0, fVec(kGeluKappa) * x1);
+      auto [q0, q1] = rounded<T>(b0 * x0, b1 * x1);
+      auto [e0, e1] = rounded<T>(one + q0, one + q1);
+      return half_x_one_plus_tanh<T>({x0, x1}, rounded<T>(a0 * e0, a1 * e1));
+    }
   }
-  static constexpr uint16_t kFastBelow = 0x4100;  // 8
-  fVec operator()(const fVec& x) const {
-    return math(x, act_vec::AtenExp{});
-  }
-#if defined(CPU_CAPABILITY_AVX512)
-  static bool table_values(const c10::BFloat16* x, fVec& a0, fVec& a1) {
-    return act_vec::table_values_by(x, kFastBelow, [](const fVec& v) { return math(v, act_vec::FastExp{}); }, a0, a1);
-  }
-#endif
 };
 
-// x sigmoid(1.702 x).
+// x sigmoid(1.702 x). math(x, exp) with ATen's exp is the vector form; with AVX512, bf16 table
+// values are computed by it with act_vec::exp_fast (act_vec.h; table16::Reader checks them
+// against the table once) for |x| below `kFastBelow` (bf16 bits), where e^z stays in range.
+// (The step-rounded tanh GELUs have no computed form: eight roundings and a tanh per step
+// cost more than the gathers on every CPU measured, so their 16-bit steps are looked up.)
 struct QuickGelu {
   template <typename Exp>
   static fVec math(const fVec& x, const Exp& exp) {
@@ -445,6 +575,16 @@ struct Relu2 {
 template <typename Fn>
 constexpr bool kTabulated = !std::is_same_v<Fn, Relu2>;
 
+// fn on one step: its two-vector form (the step-rounded GELUs) or its form on each vector.
+template <typename Fn>
+inline Pair apply_step(const Fn& fn, const fVec& x0, const fVec& x1) {
+  if constexpr (std::is_invocable_v<const Fn&, const fVec&, const fVec&>) {
+    return fn(x0, x1);
+  } else {
+    return {fn(x0), fn(x1)};
+  }
+}
+
 template <typename T, typename Fn>
 void elementwise_flat(const ElementwiseArgs& a, const Fn& fn) {
   const T* input = static_cast<const T*>(a.input);
@@ -467,10 +607,12 @@ void elementwise_flat(const ElementwiseArgs& a, const Fn& fn) {
 #endif
       if (C10_LIKELY(i + kStep <= a.n)) {
         auto [x0, x1] = load_float(input + i);
-        store_float(out + i, fn(x0), fn(x1));
+        auto [y0, y1] = apply_step(fn, x0, x1);
+        store_float(out + i, y0, y1);
       } else {
         auto [x0, x1] = load_float(input + i, a.n - i);
-        store_float(out + i, fn(x0), fn(x1), a.n - i);
+        auto [y0, y1] = apply_step(fn, x0, x1);
+        store_float(out + i, y0, y1, a.n - i);
       }
     }
   });
@@ -480,9 +622,9 @@ template <typename T>
 void elementwise_kernel_for(const ElementwiseArgs& a) {
   switch (a.kind) {
     case ElementwiseKind::kGeluNew:
-      return elementwise_flat<T>(a, GeluNew{});
+      return elementwise_flat<T>(a, GeluNew<T>{});
     case ElementwiseKind::kGeluFast:
-      return elementwise_flat<T>(a, GeluFast{});
+      return elementwise_flat<T>(a, GeluFast<T>{});
     case ElementwiseKind::kQuickGelu:
       return elementwise_flat<T>(a, QuickGelu{});
     case ElementwiseKind::kRelu2:
@@ -500,6 +642,7 @@ void elementwise_kernel(const ElementwiseArgs& a) {
 
 VLLM_IR_C_REGISTER_DISPATCH(gated_activation_stub, &CPU_CAPABILITY::gated_kernel);
 VLLM_IR_C_REGISTER_DISPATCH(elementwise_activation_stub, &CPU_CAPABILITY::elementwise_kernel);
+VLLM_IR_C_REGISTER_DISPATCH(sparse_gelu_stub, &CPU_CAPABILITY::sparse_gelu_kernel);
 
 }  // namespace vllm_ir_c
 
@@ -508,7 +651,10 @@ VLLM_IR_C_REGISTER_DISPATCH(elementwise_activation_stub, &CPU_CAPABILITY::elemen
 
 #if VLLM_IR_C_TORCH_SIDE
 
+#include <ATen/ops/mean.h>
 #include <torch/library.h>
+
+#include <string>
 
 namespace vllm_ir_c {
 namespace {
@@ -539,6 +685,26 @@ void swigluoai_and_mul_cpu(at::Tensor& out, const at::Tensor& input, double alph
   gated_cpu("vllm_ir_c::swigluoai_and_mul", out, input, GatedKind::kSwigluoaiAndMul, alpha, limit);
 }
 
+// The row means come from ATen's own mean over the gate as the caller gave it (the layout
+// native reduces): its fp32 summation order decides their rounding to x's dtype.
+void gelu_and_mul_sparse_cpu(at::Tensor& out, const at::Tensor& input, double std_multiplier,
+                             const std::string& approximate) {
+  const auto means = [&](const at::Tensor&) {
+    return at::mean(input.narrow(-1, 0, input.size(-1) / 2), {-1}).contiguous();
+  };
+  run_sparse_gelu(out, input, std_multiplier, approximate, means, sparse_gelu_stub);
+}
+
+// What table16::Reader does on this machine (doctor, providers list): fixed per process.
+std::string table_path() {
+  const CpuCapability capability = cpu_capability_in_use();
+  if (capability < CpuCapability::AVX512) {
+    return std::string("none: the ") + cpu_capability_name(capability) +
+           " kernels compute every element (the tables need AVX512)";
+  }
+  return CPU_CAPABILITY::table16::path_description();
+}
+
 #define VLLM_IR_C_ELEMENTWISE_CPU(name, kind)                                          \
   void name##_cpu(at::Tensor& out, const at::Tensor& input) {                          \
     run_elementwise("vllm_ir_c::" #name, out, input, kind, elementwise_activation_stub); \
@@ -559,6 +725,9 @@ TORCH_LIBRARY_FRAGMENT(vllm_ir_c, m) {
   m.def("gelu_and_mul(Tensor(a!) out, Tensor input, str approximate='none') -> ()");
   m.def("fatrelu_and_mul(Tensor(a!) out, Tensor input, float threshold=0.0) -> ()");
   m.def("swigluoai_and_mul(Tensor(a!) out, Tensor input, float alpha=1.702, float limit=7.0) -> ()");
+  m.def("gelu_and_mul_sparse(Tensor(a!) out, Tensor input, float std_multiplier, str approximate='none') -> ()");
+  // How the 16-bit activation tables are read here ("lookup: ...", "computed: ...", "none: ...").
+  m.def("table_path() -> str", &vllm_ir_c::table_path);
   // Elementwise: out <- f(input), same shape.
   m.def("gelu_new(Tensor(a!) out, Tensor input) -> ()");
   m.def("gelu_fast(Tensor(a!) out, Tensor input) -> ()");
@@ -572,6 +741,7 @@ TORCH_LIBRARY_IMPL(vllm_ir_c, CPU, m) {
   m.impl("gelu_and_mul", &vllm_ir_c::gelu_and_mul_cpu);
   m.impl("fatrelu_and_mul", &vllm_ir_c::fatrelu_and_mul_cpu);
   m.impl("swigluoai_and_mul", &vllm_ir_c::swigluoai_and_mul_cpu);
+  m.impl("gelu_and_mul_sparse", &vllm_ir_c::gelu_and_mul_sparse_cpu);
   m.impl("gelu_new", &vllm_ir_c::gelu_new_cpu);
   m.impl("gelu_fast", &vllm_ir_c::gelu_fast_cpu);
   m.impl("quick_gelu", &vllm_ir_c::quick_gelu_cpu);

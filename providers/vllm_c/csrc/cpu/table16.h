@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -25,7 +26,12 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <string>
 #include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
 
 #include "float_vec.h"
 
@@ -36,16 +42,69 @@ namespace table16 {
 using float_vec::fVec;
 using float_vec::kStep;
 
-// VLLM_IR_C_TABLES, read once (a diagnostic switch: differential tests and measurements
-// compare the paths): "0" makes kernels compute every element, here and in fp8_vec.h's FP8
-// encoding tables; "lookup" makes Reader look every step up (no computed table values);
-// "computed" makes it compute every step it can vouch for (no measuring which is faster).
+// VLLM_IR_C_TABLES, read once (a switch for sites and for differential tests and
+// measurements, which compare the paths): "0" makes kernels compute every element, here and
+// in fp8_vec.h's FP8 encoding tables; "lookup" makes Reader look every step up (no computed
+// table values); "computed" makes it compute every step it can vouch for; "measure" makes it
+// time both once per function and process and take the faster (not reproducible between
+// processes: a diagnostic). Unset (or "1"): Reader's path is fixed per machine, by CPU vendor
+// (computed_by_default below).
 inline std::string_view tables_setting() {
   static const std::string_view setting = [] {
     const char* v = std::getenv("VLLM_IR_C_TABLES");
     return std::string_view(v == nullptr ? "1" : v);
   }();
   return setting;
+}
+
+// The CPU's vendor string (CPUID leaf 0: "AuthenticAMD", "GenuineIntel"), or "" off x86.
+inline std::string cpu_vendor() {
+#if defined(__x86_64__) || defined(_M_X64)
+  unsigned int eax = 0;
+  unsigned int ebx = 0;
+  unsigned int ecx = 0;
+  unsigned int edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) {
+    return "";
+  }
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  return vendor;
+#else
+  return "";
+#endif
+}
+
+// Whether Reader computes table values (where it can vouch for them) with no setting: on AMD
+// CPUs, whose AVX512 gathers are slow (Zen 4: silu's computed step ~0.7x the cycles of its two
+// gathers, 18 vs 26 per 32 lanes), not elsewhere (an Intel Xeon of the Emerald Rapids
+// generation: ~2x, its gathers are cheap). Fixed per machine, so every process reads the same
+// way; the bits are the same either way.
+inline bool computed_by_default() {
+  static const bool computed = cpu_vendor() == "AuthenticAMD";
+  return computed;
+}
+
+// What Reader does with the tables of functions that have a computed form, and why: one line
+// for `vllm_ir_provider_vllm_c.table_path()` (doctor, providers list).
+inline std::string path_description() {
+  const std::string_view setting = tables_setting();
+  if (setting == "0") {
+    return "off: every element computed (VLLM_IR_C_TABLES=0)";
+  }
+  if (setting == "lookup" || setting == "computed") {
+    return std::string(setting) + ": VLLM_IR_C_TABLES=" + std::string(setting);
+  }
+  if (setting == "measure") {
+    return "measure: the faster path per function, timed once per process (VLLM_IR_C_TABLES=measure)";
+  }
+  const std::string vendor = cpu_vendor();
+  const std::string who = vendor.empty() ? "this CPU" : vendor;
+  return computed_by_default()
+             ? "computed: " + who + " (AMD's AVX512 gathers are slow: computing measured ~1.45x faster on Zen 4)"
+             : "lookup: " + who + " (gathers measured ~2x faster than computing on an Intel Xeon)";
 }
 
 inline bool tables_enabled() {
@@ -79,11 +138,16 @@ std::vector<T> tabulate(const std::function<std::tuple<fVec, fVec>(const fVec&, 
   return t;
 }
 
-// Fn{}'s table, built on first use (thread-safe), kept for the process.
+// Fn{}'s table, built on first use (thread-safe), kept for the process. Fn maps one fp32
+// vector, or a step's two at once (a function that rounds to T between its steps).
 template <typename T, typename Fn>
 const T* table_of() {
   static const std::vector<T> table = tabulate<T>([fn = Fn{}](const fVec& x0, const fVec& x1) {
-    return std::tuple<fVec, fVec>{fn(x0), fn(x1)};
+    if constexpr (std::is_invocable_v<const Fn&, const fVec&, const fVec&>) {
+      return std::tuple<fVec, fVec>(fn(x0, x1));
+    } else {
+      return std::tuple<fVec, fVec>{fn(x0), fn(x1)};
+    }
   });
   return table.data();
 }
@@ -145,12 +209,9 @@ inline void lookup_store(const T* table, const T* x, T* out) {
 
 // Reads table_of<T, Fn>() for steps of kStep inputs, given in memory (`operator()`, `store`) or
 // as fp32 lanes holding T values (`values`). Where Fn has a computed form of the table's bf16
-// values and computing it is the faster path on this CPU (measured once per process: silu's
-// computed steps took ~0.7x the cycles of gathers on AMD's Zen 4, ~2x on an Intel Xeon of
-// the Emerald Rapids generation, whose gathers are cheap), steps are computed and
-// only the declined ones looked up; otherwise (or with VLLM_IR_C_TABLES=lookup) every step is
-// looked up. Either way the same bits. The computed forms, each false for a step
-// it cannot vouch for:
+// values and this machine computes (computed_by_default: by CPU vendor; or VLLM_IR_C_TABLES),
+// steps are computed and only the declined ones looked up; otherwise every step is looked up.
+// Either way the same bits. The computed forms, each false for a step it cannot vouch for:
 //   `static bool table_values(const BFloat16* x, fVec& a0, fVec& a1)` for inputs in memory,
 //   `static bool lane_values(const fVec& x0, const fVec& x1, fVec& a0, fVec& a1)` for lanes;
 // each must give the table's bits for every bf16 it accepts (checked once per process, each
@@ -220,7 +281,8 @@ class Reader {
         table_ = table_of<T, Fn>();
         if constexpr (kHasComputedForm) {
           computed_ = tables_setting() != "lookup" && computed_values_agree<T, Fn>() &&
-                      (tables_setting() == "computed" || computing_is_faster());
+                      (tables_setting() == "computed" ||
+                       (tables_setting() == "measure" ? computing_is_faster() : computed_by_default()));
         }
       }
     }
@@ -279,10 +341,10 @@ class Reader {
   // A reader of one path, for measuring it.
   explicit Reader(bool computed) : table_(table_of<T, Fn>()), computed_(computed) {}
 
-  // Whether computed steps (with their declined ones looked up) take less time than looking
-  // every step up, on inputs spread like activations (bf16, roughly normal, sd ~2): the best of
-  // five interleaved timings of each path, each 8 passes over 4096 of them (~0.5 ms, once per
-  // process).
+  // VLLM_IR_C_TABLES=measure: whether computed steps (with their declined ones looked up)
+  // take less time than looking every step up, on inputs spread like activations (bf16,
+  // roughly normal, sd ~2): the best of five interleaved timings of each path, each 8 passes
+  // over 4096 of them (~0.5 ms, once per function and process).
   static bool computing_is_faster() {
     static const bool faster = [] {
       constexpr int64_t kCount = 4096;

@@ -1,12 +1,15 @@
 // The activation family on CUDA: the gated ops (one thread block per row, threads striding
-// over the row's d outputs) and the elementwise ones (a grid-stride loop over dense memory),
-// and the torch side (CUDA registrations; the schemas are defined by cpu/activation.cpp).
+// over the row's d outputs; gelu_and_mul_sparse's block also reduces the row's statistics)
+// and the elementwise ones (a grid-stride loop over dense memory), and the torch side (CUDA
+// registrations; the schemas are defined by cpu/activation.cpp).
 //
 // Same numerics as the CPU kernels and the op declarations: fp32 math; the gated ops round
-// the activation to the input dtype, then the product (swigluoai: every step, as native
-// computes it in x's dtype); the elementwise ops round once. CUDA's expf, erff and tanhf are
-// not ATen's CPU functions, so results are within the ops' tolerances of native, not
-// bit-identical. Rows whose pointers and strides allow it are moved in 16-byte packs.
+// the activation to the input dtype, then the product (swigluoai and gelu_and_mul_sparse:
+// every step, as native computes it in x's dtype); gelu_new and gelu_fast round every step
+// of vLLM's native expression as torch's CUDA ops do; quick_gelu and relu2 round once.
+// CUDA's expf, erff and tanhf are not ATen's CPU functions, so results are within the ops'
+// tolerances of native, not bit-identical. Rows whose pointers and strides allow it are
+// moved in 16-byte packs.
 
 #include "../activation.h"
 #include "cuda_common.h"
@@ -111,22 +114,77 @@ __global__ void swigluoai_and_mul_kernel(GatedArgs a) {
   }
 }
 
+// gelu_and_mul_sparse: one block per row. The gate's mean (an fp32 block sum / d) and its
+// population std (fp32 squared deviations from that mean), each rounded to T as native's
+// mean and std are; cutoff = round(mean + round(std * std_multiplier)); then
+// round(round(gelu(relu(round(gate - cutoff)))) * up). The gate is read three times (L2 holds it).
+template <typename T, typename Act>
+__global__ void gelu_and_mul_sparse_kernel(SparseGeluArgs a, Act act) {
+  const int64_t row = blockIdx.x;
+  const T* gate = static_cast<const T*>(a.input) + a.input_rows.offset(row);
+  const T* up = gate + a.d;
+  T* out = static_cast<T*>(a.out) + a.out_rows.offset(row);
+  const float d = static_cast<float>(a.d);
+  __shared__ float mean;
+  __shared__ float cutoff;
+  float partial = 0.0f;
+  for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x) {
+    partial += static_cast<float>(gate[i]);
+  }
+  const float total = block_sum(partial);
+  if (threadIdx.x == 0) {
+    mean = total / d;
+  }
+  __syncthreads();  // also: every thread is past block_sum's reads before it runs again
+  float squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x) {
+    const float centered = static_cast<float>(gate[i]) - mean;
+    squares += centered * centered;
+  }
+  const float total_squares = block_sum(squares);
+  if (threadIdx.x == 0) {
+    const float std = round_to<T>(sqrtf(total_squares / d));
+    cutoff = round_to<T>(round_to<T>(mean) + round_to<T>(std * a.std_multiplier));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x) {
+    float s = round_to<T>(static_cast<float>(gate[i]) - cutoff);
+    s = isnan(s) ? s : fmaxf(s, 0.0f);  // relu keeps NaN
+    out[i] = static_cast<T>(round_to<T>(act(s)) * static_cast<float>(up[i]));
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // elementwise activations: fp32 math, rounded once
 
+// 0.5 * x * (1 + tanh(u)) from u, each step rounded to T as torch's ops round it.
+template <typename T>
+__device__ __forceinline__ float half_x_one_plus_tanh(float x, float u) {
+  return round_to<T>(0.5f * x) * round_to<T>(1.0f + round_to<T>(tanhf(u)));
+}
+
+// vLLM's NewGELU.forward_native: 0.5 * x * (1 + tanh(c * (x + 0.044715 * pow(x, 3.0)))), in
+// x's dtype. torch's CUDA pow(x, 3.0) is base * base * base in the dtype: for 16-bit T, x * x
+// is rounded before its product with x (the CPU's fp16 pow rounds the cube once).
+template <typename T>
 struct GeluNewFn {
   __device__ float operator()(float x) const {
     const float c = static_cast<float>(0.7978845608028654);  // sqrt(2 / pi)
     const float kappa = static_cast<float>(0.044715);
-    return 0.5f * x * (1.0f + tanhf(c * (x + kappa * (x * x * x))));
+    const float cube = round_to<T>(round_to<T>(x * x) * x);
+    const float u = round_to<T>(c * round_to<T>(x + round_to<T>(kappa * cube)));
+    return half_x_one_plus_tanh<T>(x, u);
   }
 };
 
+// vLLM's FastGELU.forward_native: 0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x))).
+template <typename T>
 struct GeluFastFn {
   __device__ float operator()(float x) const {
     const float c = static_cast<float>(0.7978845608);
     const float kappa = static_cast<float>(0.044715);
-    return 0.5f * x * (1.0f + tanhf(x * c * (1.0f + kappa * x * x)));
+    const float e = round_to<T>(1.0f + round_to<T>(round_to<T>(kappa * x) * x));
+    return half_x_one_plus_tanh<T>(x, round_to<T>(round_to<T>(x * c) * e));
   }
 };
 
@@ -232,6 +290,25 @@ cudaError_t launch_gated(const GatedArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+cudaError_t launch_sparse_gelu(const SparseGeluArgs& a, cudaStream_t stream) {
+  if (a.rows == 0 || a.d == 0) {
+    return cudaSuccess;
+  }
+  if (a.rows > INT32_MAX) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const dim3 grid(static_cast<unsigned>(a.rows));
+  const dim3 block(static_cast<unsigned>(threads_for(a.d, 1024)));
+  VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "vllm_ir_c gelu_and_mul_sparse (cuda)", [&] {
+    if (a.tanh) {
+      gelu_and_mul_sparse_kernel<scalar_t><<<grid, block, 0, stream>>>(a, GeluTanhAct{});
+    } else {
+      gelu_and_mul_sparse_kernel<scalar_t><<<grid, block, 0, stream>>>(a, GeluErfAct{});
+    }
+  });
+  return cudaGetLastError();
+}
+
 template <typename T, typename Fn>
 void launch_elementwise_fn(const ElementwiseArgs& a, Fn fn, cudaStream_t stream) {
   const bool packed = a.n % kVecPack<T> == 0 && aligned(a.input, 16) && aligned(a.out, 16);
@@ -251,9 +328,9 @@ cudaError_t launch_elementwise(const ElementwiseArgs& a, cudaStream_t stream) {
   VLLM_IR_C_DISPATCH_FLOATING_TYPES(a.dtype, "vllm_ir_c elementwise activation (cuda)", [&] {
     switch (a.kind) {
       case ElementwiseKind::kGeluNew:
-        return launch_elementwise_fn<scalar_t>(a, GeluNewFn{}, stream);
+        return launch_elementwise_fn<scalar_t>(a, GeluNewFn<scalar_t>{}, stream);
       case ElementwiseKind::kGeluFast:
-        return launch_elementwise_fn<scalar_t>(a, GeluFastFn{}, stream);
+        return launch_elementwise_fn<scalar_t>(a, GeluFastFn<scalar_t>{}, stream);
       case ElementwiseKind::kQuickGelu:
         return launch_elementwise_fn<scalar_t>(a, QuickGeluFn{}, stream);
       case ElementwiseKind::kRelu2:
@@ -301,6 +378,18 @@ void swigluoai_and_mul_cuda(at::Tensor& out, const at::Tensor& input, double alp
   gated_cuda("vllm_ir_c::swigluoai_and_mul", out, input, GatedKind::kSwigluoaiAndMul, alpha, limit);
 }
 
+void run_sparse_gelu_kernel(const SparseGeluArgs& args) {
+  C10_CUDA_CHECK(launch_sparse_gelu(args, c10::cuda::getCurrentCUDAStream()));
+}
+
+// The kernel computes its rows' means itself (no ATen mean: one launch).
+void gelu_and_mul_sparse_cuda(at::Tensor& out, const at::Tensor& input, double std_multiplier,
+                              const std::string& approximate) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  run_sparse_gelu(out, input, std_multiplier, approximate, [](const at::Tensor&) { return at::Tensor(); },
+                  run_sparse_gelu_kernel);
+}
+
 void elementwise_cuda(const char* op, at::Tensor& out, const at::Tensor& input, ElementwiseKind kind) {
   const c10::cuda::CUDAGuard guard(input.device());
   run_elementwise(op, out, input, kind, run_elementwise_kernel);
@@ -331,6 +420,7 @@ TORCH_LIBRARY_IMPL(vllm_ir_c, CUDA, m) {
   m.impl("gelu_and_mul", &vllm_ir_c::gelu_and_mul_cuda);
   m.impl("fatrelu_and_mul", &vllm_ir_c::fatrelu_and_mul_cuda);
   m.impl("swigluoai_and_mul", &vllm_ir_c::swigluoai_and_mul_cuda);
+  m.impl("gelu_and_mul_sparse", &vllm_ir_c::gelu_and_mul_sparse_cuda);
   m.impl("gelu_new", &vllm_ir_c::gelu_new_cuda);
   m.impl("gelu_fast", &vllm_ir_c::gelu_fast_cuda);
   m.impl("quick_gelu", &vllm_ir_c::quick_gelu_cuda);
