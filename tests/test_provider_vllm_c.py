@@ -9,6 +9,7 @@ is not usable; the import-safety and CUDA compile checks run regardless.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 import shutil
@@ -888,6 +889,143 @@ def test_activation_predicates_decline_with_reasons():
         assert verdict.status == "declined" and reason in verdict.reason, (op.name, verdict)
 
 
+def _every_finite_16_bit_value(dtype: torch.dtype) -> torch.Tensor:
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    return every[every.isfinite()]
+
+
+def _vllm_gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """vLLM 0.33's NewGELU.forward_native, verbatim."""
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _vllm_gelu_fast(x: torch.Tensor) -> torch.Tensor:
+    """vLLM 0.33's FastGELU.forward_native, verbatim."""
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("name", "vllm"), [("gelu_new", _vllm_gelu_new), ("gelu_fast", _vllm_gelu_fast)])
+def test_gelu_new_and_gelu_fast_give_vllms_bits_for_every_16_bit_value(name, vllm, dtype):
+    """vLLM rounds after every step in x's dtype (``1 + t`` cancels in bf16 for x in about
+    [-4, -1.8]): native and vllm_c give vLLM's forward_native bits for every finite value."""
+    op = getattr(vllm_ir.ops, name)
+    x = _every_finite_16_bit_value(dtype)
+    want = vllm(x)
+    for got in (op.fn(x), _with_vllm_c(op, (x,))):
+        both_nan = got.isnan() & want.isnan()
+        assert torch.equal(got.view(torch.int16)[~both_nan], want.view(torch.int16)[~both_nan]), name
+
+
+@needs_kernels
+def test_gelu_new_in_bf16_is_vllms_not_the_fp32_value_rounded_once():
+    """The issue's repro: vLLM's values, not the closer-to-exact [-0.0569, -0.0391, -0.0354]."""
+    x = torch.tensor([-1.875, -2.078125, -2.125], dtype=torch.bfloat16)
+    want = torch.tensor([-0.0549316, -0.0366211, -0.0373535], dtype=torch.bfloat16)
+    assert torch.equal(vllm_ir.ops.gelu_new.fn(x), want)
+    assert torch.equal(_with_vllm_c(vllm_ir.ops.gelu_new, (x,)), want)
+
+
+def _sparse_calls(dtype: torch.dtype):
+    """gelu_and_mul_sparse arguments: vLLM's generator, erf, another sparsity, widths with a
+    remainder, a 3-D batch, a row slice of a wider buffer, one row; rows with NaN, inf, a
+    constant gate (std 0) and zeros."""
+    op = vllm_ir.ops.gelu_and_mul_sparse
+    for tokens, d in ((1, 64), (9, 80), (5, 199), (4, 4099)):
+        x, m, approximate = op.generate_inputs((tokens, d), dtype, seed=d)
+        yield x, m, approximate
+        yield x, m, "none"
+        yield x, 0.6744897501960817, approximate
+    yield x.reshape(2, 2, -1), m, approximate
+    wide = (2 * torch.randn(6, 3 * 96)).to(dtype)
+    yield wide[:, : 2 * 96], m, "none"
+    special = (2 * torch.randn(5, 2 * 70)).to(dtype)
+    special[0, 3] = float("nan")
+    special[1, 5] = float("inf")
+    special[2, :70] = 1.25
+    special[3, :70] = 0.0
+    special[4, 70:75] = float("nan")  # up values
+    yield special, m, "tanh"
+    yield special, m, "none"
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gelu_and_mul_sparse_gives_natives_bits_in_16_bit_dtypes(dtype):
+    """Row means from ATen's own mean, the std in double as ATen computes it, then every step
+    rounded to x's dtype: bf16/fp16 results are native's (vLLM's) bits; fp32 within tolerance
+    (native's fp32 gelu runs oneDNN's erf on its contiguous gate)."""
+    op = vllm_ir.ops.gelu_and_mul_sparse
+    atol, rtol = op.tolerance(dtype)
+    for args in _sparse_calls(dtype):
+        got, want = _with_vllm_c(op, args), op.fn(*args)
+        where = f"{dtype} {list(args[0].shape)} {args[1:]}"
+        assert got.shape == want.shape and got.dtype == want.dtype, where
+        assert torch.equal(got.isnan(), want.isnan()), where
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True, msg=where)
+        else:
+            keep = ~want.isnan()
+            assert torch.equal(got.view(torch.int16)[keep], want.view(torch.int16)[keep]), where
+
+
+@needs_kernels
+def test_gelu_and_mul_sparse_rejects_bad_arguments_naming_op_and_provider():
+    x = torch.randn(2, 16)
+    with vllm_ir.priority(gelu_and_mul_sparse=["vllm_c"]):
+        with pytest.raises(ValueError, match=r"gelu_and_mul_sparse \(provider vllm_c\): approximate must be"):
+            vllm_ir.ops.gelu_and_mul_sparse(x, 1.6, "erf")
+    with pytest.raises(ValueError, match="vllm_ir_c::gelu_and_mul_sparse: approximate must be 'none' or 'tanh'"):
+        torch.ops.vllm_ir_c.gelu_and_mul_sparse(torch.empty(2, 8), x, 1.6, "fast")
+    with pytest.raises(RuntimeError, match="vllm_ir_c::gelu_and_mul_sparse: input must end in an even dimension"):
+        torch.ops.vllm_ir_c.gelu_and_mul_sparse(torch.empty(2, 7), torch.randn(2, 15), 1.6, "none")
+    verdict = _verdict(vllm_ir.ops.gelu_and_mul_sparse, (torch.randn(3, 32)[:, ::2], 1.6, "none"))
+    assert verdict.status == "declined" and "stride 2 along the last dimension" in verdict.reason
+
+
+_TABLE_PATH = """
+import vllm_ir_provider_vllm_c as p
+from vllm_ir_provider_vllm_c import activation
+print(p.cpu_capability())
+print(activation.table_path())
+"""
+
+
+def _table_path(tables: str | None) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_IR_C_TABLES"}
+    if tables is not None:
+        env["VLLM_IR_C_TABLES"] = tables
+    done = subprocess.run([sys.executable, "-c", _TABLE_PATH], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    capability, path = done.stdout.strip().splitlines()
+    return capability, path
+
+
+@needs_kernels
+def test_table_path_is_fixed_per_machine_shown_and_overridable():
+    """table16::Reader's computed-or-looked-up choice: by CPU vendor (AMD computes, others look
+    up), the same in every process, overridden by VLLM_IR_C_TABLES, and reported (the doctor
+    shows it among vllm_c's facts). Below AVX512 nothing is looked up."""
+    capability, default = _table_path(None)
+    assert _table_path(None)[1] == default  # no timing race: every process chooses alike
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if capability in ("AVX512", "AVX512_BF16"):
+        amd = "AuthenticAMD" in cpuinfo
+        assert default.startswith("computed: AuthenticAMD" if amd else "lookup: "), default
+        assert _table_path("lookup")[1].startswith("lookup: VLLM_IR_C_TABLES=lookup")
+        assert _table_path("computed")[1].startswith("computed: VLLM_IR_C_TABLES=computed")
+        assert _table_path("measure")[1].startswith("measure: ")
+        assert _table_path("0")[1].startswith("off: ")
+    else:
+        assert default == f"none: the {capability} kernels compute every element (the tables need AVX512)"
+        assert _table_path("lookup")[1] == default
+    facts = provider.vllm_ir_provider_facts()
+    assert facts["cpu_capability"] == provider.cpu_capability()
+    assert facts["tables"] == act_family.table_path()
+
+
 _ACTIVATION_VARIANT_CHECK = """
 import hashlib, torch, vllm_ir, vllm_ir_provider_vllm_c as p
 from vllm_ir_provider_vllm_c import activation as fam
@@ -986,15 +1124,16 @@ torch.save(results, sys.argv[1])
 @needs_kernels
 def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_path):
     """Differential: AVX512 kernels look activations of bf16/fp16 values up in tables built by the
-    vector code, and compute the exp-based ones' bf16 table values (silu, gelu_new, gelu_fast,
-    quick_gelu, swigluoai's sigmoid) by a cheaper exp where that gives the table's bits (steps it cannot vouch for
-    are looked up) when that measures faster than looking up on this CPU (the default, 1);
-    VLLM_IR_C_TABLES=computed computes wherever it can vouch, =lookup looks every step up, =0
-    computes every element by the vector code. Same bits, every value, all four."""
+    vector code, and compute the exp-based ones' bf16 table values (silu, quick_gelu,
+    swigluoai's sigmoid) by a cheaper exp where that gives the table's bits (steps it cannot vouch for
+    are looked up) where this machine computes (the default, 1: fixed by CPU vendor);
+    VLLM_IR_C_TABLES=computed computes wherever it can vouch, =lookup looks every step up,
+    =measure takes whichever timed faster in this process, =0 computes every element by the
+    vector code. Same bits, every value, all five."""
     if provider.cpu_capability() not in ("AVX512", "AVX512_BF16"):
         pytest.skip(f"{provider.cpu_capability()} kernels compute: no tables to compare")
     paths = {}
-    for tables in ("1", "computed", "lookup", "0"):
+    for tables in ("1", "computed", "lookup", "measure", "0"):
         paths[tables] = tmp_path / f"tables{tables}.pt"
         env = {**os.environ, "VLLM_IR_C_TABLES": tables}
         done = subprocess.run(
@@ -1007,7 +1146,7 @@ def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_pa
         assert done.returncode == 0, done.stderr[-3000:]
     computed = torch.load(paths["0"])
     assert len(computed) == 20
-    for tables in ("1", "computed", "lookup"):
+    for tables in ("1", "computed", "lookup", "measure"):
         by_tables = torch.load(paths[tables])
         assert by_tables.keys() == computed.keys()
         for case, got in by_tables.items():
