@@ -172,6 +172,89 @@ def test_bf16_unfused_is_bit_identical_and_fused_is_within_tolerance(family):
         torch.testing.assert_close(fused(PROMPT).logits, expected, atol=0.05, rtol=0.05)
 
 
+def build_gemma3n(dtype: torch.dtype) -> nn.Module:
+    """A 2-layer Gemma 3n text model: layer 0 sparsifies its MLP's gate (0.95), layer 1 does not."""
+    config = transformers.Gemma3nTextConfig(
+        vocab_size=128,
+        vocab_size_per_layer_input=128,
+        hidden_size=64,
+        hidden_size_per_layer_input=16,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        laurel_rank=8,
+        num_kv_shared_layers=0,
+        sliding_window=16,
+        activation_sparsity_pattern=[0.95, 0.0],
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    torch.manual_seed(0)
+    return transformers.Gemma3nForCausalLM(config).eval().to(dtype)
+
+
+@pytest.mark.parametrize("provider", ["native", "vllm_c"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gemma3n_sparse_mlp_runs_gelu_and_mul_sparse_with_hf_numbers(provider, dtype, no_fallback):
+    """Gemma 3n's _gaussian_topk + GELU is vLLM's gelu_and_mul_sparse (Gemma 3n rounds its
+    multiplier to the activations' dtype: passed so rounded): stock logits bit for bit on native
+    and in bf16 on vllm_c; fp32 vllm_c within the ops' tolerance."""
+    if not _available(provider):
+        pytest.skip(f"provider {provider} is not installed")
+    stock = build_gemma3n(dtype)
+    model = copy.deepcopy(stock)
+    report = hf.kernelize(model)
+    assert report.rewritten["model.layers.0.mlp"] == "merged gate_up projection + gelu_and_mul_sparse(tanh)"
+    assert report.rewritten["model.layers.1.mlp"] == "merged gate_up projection + gelu_and_mul(tanh)"
+    with torch.no_grad():
+        expected = stock(PROMPT).logits
+        with vllm_ir.priority(gelu_and_mul_sparse=[provider], gelu_and_mul=[provider]):
+            got = model(PROMPT).logits
+    if provider != "native":
+        ran = {d.provider for d in vllm_ir.ops.gelu_and_mul_sparse.decision_cache.decisions.values() if d.calls}
+        assert ran == {provider}, ran
+    if provider == "vllm_c" and dtype == torch.float32:
+        torch.testing.assert_close(got, expected, **FP32)
+    else:
+        assert torch.equal(got, expected)
+    assert hf.undo(model)
+    with torch.no_grad():
+        assert torch.equal(model(PROMPT).logits, expected)
+
+
+@pytest.mark.parametrize("provider", ["native", "aten", "vllm_c"])
+def test_llama_norm_with_an_fp32_weight_on_bf16_activations_keeps_hf_numbers(provider):
+    """LlamaRMSNorm rounds to the input dtype *before* its weight multiply (and promotes: an fp32
+    weight gives fp32), where the op multiplies in the weight's dtype and returns x's (vLLM's
+    semantics): kernelize keeps Llama's numbers, bit for bit, for both the norm and the fused
+    residual form (the latter against the unrounded float32 sum, as the op normalizes it)."""
+    if not _available(provider):
+        pytest.skip(f"provider {provider} is not installed")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    stock = LlamaRMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        stock.weight.add_(0.2 * torch.randn(64, generator=torch.Generator().manual_seed(3)))
+    model = nn.ModuleDict({"norm": copy.deepcopy(stock)})
+    assert hf.kernelize(model).rewritten == {"norm": "rms_norm"}
+    norm = model["norm"]
+    # Small integers: sums of squares exact in any order, so vllm_c's order gives the same bits.
+    x = torch.randint(-8, 9, (5, 64), generator=torch.Generator().manual_seed(4)).bfloat16()
+    residual = torch.randint(-8, 9, (5, 64), generator=torch.Generator().manual_seed(5)).bfloat16()
+    with torch.no_grad(), vllm_ir.priority(**{op: [provider] for op in ("rms_norm", "fused_add_rms_norm")}):
+        expected = stock(x)
+        got = norm(x)
+        assert got.dtype == expected.dtype == torch.float32
+        assert torch.equal(got, expected)
+        out, total = getattr(norm, hf._ADD_NORM)(x, residual)
+    total32 = x.float() + residual.float()
+    assert torch.equal(total, total32.bfloat16())
+    normed = total32 * torch.rsqrt(total32.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert out.dtype == torch.float32 and torch.equal(out, stock.weight * normed.bfloat16())
+
+
 def test_report_names_every_rewrite_and_what_it_left():
     model = kernelized("qwen3")
     report = hf.kernelize(model)  # the second call: the first call's report, nothing changed

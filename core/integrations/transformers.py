@@ -16,10 +16,12 @@ class or a library function, so another instance of the same model stays stock):
   within the op's tolerances; float64 keeps the stock add (a float32 sum would round it).
   ``kernelize(model, fuse_residual=False)`` keeps the stock add in every dtype.
 * Gated MLPs (``down(act(gate(x)) * up(x))``) -> one projection into ``[gate | up]`` and
-  ``silu_and_mul`` / ``gelu_and_mul``. The gate and up weights are merged into one tensor and
-  the two parameters become views of it (no extra memory, ``state_dict`` unchanged, in-place
-  weight updates reach the merged tensor). Merged only for plain ``nn.Linear`` projections with
-  plain tensors of one dtype and device and no hooks: anything else keeps the stock MLP.
+  ``silu_and_mul`` / ``gelu_and_mul``; Gemma 3n's MLP with activation sparsity (its
+  ``_gaussian_topk`` before a GELU) -> ``gelu_and_mul_sparse`` (vLLM's op). The gate and up
+  weights are merged into one tensor and the two parameters become views of it (no extra
+  memory, ``state_dict`` unchanged, in-place weight updates reach the merged tensor). Merged
+  only for plain ``nn.Linear`` projections with plain tensors of one dtype and device and no
+  hooks: anything else keeps the stock MLP.
 
 Recognition is structural: a module is rewritten when its ``forward`` has the same bytecode
 (code, constants, names) as the installed transformers' Llama or Gemma implementation of that
@@ -64,6 +66,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "vllm_ir.integrations.transformers needs the transformers package: pip install 'vllm-ir[transformers]'"
     ) from exc
 
+try:  # Gemma 3n's sparse MLP (transformers >= 4.53); optional
+    from transformers.models.gemma3n import modeling_gemma3n as _hf_gemma3n
+except ImportError:  # pragma: no cover - depends on the installed transformers
+    _hf_gemma3n = None
+
 __all__ = ["Report", "kernelize", "undo"]
 
 #: The attribute on the root model that holds the state of a `kernelize` call.
@@ -73,6 +80,7 @@ _ADD_NORM = "_vllm_ir_add_norm"
 _ONE_PLUS_WEIGHT = "_vllm_ir_one_plus_weight"
 _GATE_UP = "_vllm_ir_gate_up"
 _GATED_OP = "_vllm_ir_gated_op"
+_SPARSE_GATE = "_vllm_ir_sparse_gate"
 
 #: Building blocks with no vllm-ir op of their own: never listed as unrecognised.
 _PLAIN = (nn.Linear, nn.Embedding, nn.Dropout, nn.Identity, nn.ModuleList, nn.ModuleDict, nn.Sequential)
@@ -139,6 +147,8 @@ def _references() -> dict[str, tuple | None]:
         "gemma_norm_inner": _code_key(_hf_gemma.GemmaRMSNorm._norm),
         "mlp": _code_key(_hf_llama.LlamaMLP.forward),
         "layer": _code_key(_hf_llama.LlamaDecoderLayer.forward),
+        "sparse_mlp": None if _hf_gemma3n is None else _code_key(_hf_gemma3n.Gemma3nTextMLP.forward),
+        "gaussian_topk": None if _hf_gemma3n is None else _code_key(_hf_gemma3n.Gemma3nTextMLP._gaussian_topk),
     }
 
 
@@ -321,6 +331,28 @@ def _mlp_forward(self: nn.Module, x: Tensor) -> Tensor:
     return self.down_proj(getattr(self, _GATED_OP)(F.linear(x, weight, bias)))
 
 
+def _sparse_mlp_forward(self: nn.Module, x: Tensor) -> Tensor:
+    """Gemma 3n's MLP with activation sparsity: ``gelu_and_mul_sparse`` on the merged projection.
+
+    Gemma 3n rounds its multiplier (the normal quantile of the sparsity, float32) to the
+    activations' dtype and multiplies the std by it in that dtype: the op's float32 scalar
+    multiply is the same rounding when given that rounded value.
+    """
+    weight, bias = _gate_up_weights(self)
+    gate_up = F.linear(x, weight, bias)
+    quantile, approximate, by_dtype = getattr(self, _SPARSE_GATE)
+    multiplier = by_dtype.get(gate_up.dtype)
+    if multiplier is None:
+        multiplier = by_dtype[gate_up.dtype] = float(quantile.to(gate_up.dtype))
+    return self.down_proj(vllm_ir.ops.gelu_and_mul_sparse(gate_up, multiplier, approximate))
+
+
+def _sparse_mlp_quantile(module: nn.Module) -> Tensor:
+    """Gemma3nTextMLP._gaussian_topk's std multiplier before its rounding: the float32 quantile."""
+    target = torch.tensor(module.activation_sparsity, dtype=torch.float32)
+    return torch.distributions.normal.Normal(0, 1).icdf(target)
+
+
 def _fused_layer_forward(
     self: nn.Module,
     hidden_states: Tensor,
@@ -438,6 +470,32 @@ def kernelize(model: nn.Module, *, fuse_residual: bool = True) -> Report:
             _set(module, _GATED_OP, op, state)
             _bind(module, "forward", _mlp_forward, state)
             report.rewritten[path] = f"merged gate_up projection + {op_name}"
+            consumed.add(f"{path}.act_fn" if path else "act_fn")
+        elif (
+            key is not None
+            and key == refs["sparse_mlp"]
+            and _code_key(type(module)._gaussian_topk) == refs["gaussian_topk"]
+        ):
+            act = getattr(module, "act_fn", None)
+            chosen = _gated_op(act) if isinstance(act, nn.Module) else "it has no act_fn module"
+            if not isinstance(chosen, str) and not chosen[1].startswith("gelu_and_mul"):
+                chosen = f"its activation {type(act).__name__} is not a GELU (gelu_and_mul_sparse's)"
+            refusal = chosen if isinstance(chosen, str) else _merge_refusal(module.gate_proj, module.up_proj)
+            if refusal is not None:
+                report.skipped[path] = f"gated MLP kept stock: {refusal}"
+                continue
+            op, op_name = chosen
+            _merge_gate_up(module)
+            state.merged.append(module)
+            _set(module, _GATED_OP, op, state)
+            if module.activation_sparsity > 0.0:  # Gemma 3n's _gaussian_topk runs only then
+                approximate = op_name.removeprefix("gelu_and_mul(").removesuffix(")")
+                _set(module, _SPARSE_GATE, (_sparse_mlp_quantile(module), approximate, {}), state)
+                _bind(module, "forward", _sparse_mlp_forward, state)
+                report.rewritten[path] = f"merged gate_up projection + gelu_and_mul_sparse({approximate})"
+            else:
+                _bind(module, "forward", _mlp_forward, state)
+                report.rewritten[path] = f"merged gate_up projection + {op_name}"
             consumed.add(f"{path}.act_fn" if path else "act_fn")
         elif "inv_freq" in module._buffers:
             report.skipped[path] = (
