@@ -76,6 +76,54 @@ def check_compiled() -> int:
     return 0 if ok else 1
 
 
+def check_activations() -> int:
+    """gelu_and_mul_sparse (both approximations, eager within tolerance, latency against native,
+    torch.compile over its triton_op) and gelu_new / gelu_fast against native's bits for every
+    finite 16-bit value (the step rounding; torch's CUDA pow rounds x * x for fp16 too)."""
+    failures = 0
+    op = vllm_ir.ops.gelu_and_mul_sparse
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for shape in ((1, 2048), (7, 5120), (64, 8192)):
+            for approximate in ("tanh", "none"):
+                x, m, _ = op.generate_inputs(shape, dtype, "cuda")
+                expected = op.fn(x, m, approximate)
+                with vllm_ir.priority(gelu_and_mul_sparse=["triton"]):
+                    assert op.dispatch(x, m, approximate).provider == "triton"
+                    got = op(x, m, approximate)
+                atol, rtol = op.tolerance(dtype)
+                if not torch.allclose(got.float(), expected.float(), atol=atol, rtol=rtol):
+                    failures += 1
+                    print(f"MISMATCH gelu_and_mul_sparse {dtype} {shape} {approximate}")
+    impl = op.impls["triton"].fn
+    for tokens in (1, 16, 256, 4096):
+        args = op.generate_inputs((tokens, 8192), torch.bfloat16, "cuda")
+        t, n = time_cuda(lambda a=args: impl(*a)), time_cuda(lambda a=args: op.fn(*a))
+        print(f"gelu_and_mul_sparse [{tokens}, 8192] bf16: triton {t.median_us:.1f} us, native {n.median_us:.1f} us")
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return vllm_ir.ops.gelu_and_mul_sparse(x * 2, 1.6448536269514722, "tanh") + 1
+
+    x = op.generate_inputs((32, 8192), torch.bfloat16, "cuda")[0]
+    with vllm_ir.priority(gelu_and_mul_sparse=["triton"]):
+        out = vllm_ir.compile(model)(x)
+    ok = torch.allclose(out.float(), model(x).float(), atol=2e-2, rtol=2e-2)
+    print("torch.compile over the gelu_and_mul_sparse triton_op:", "ok" if ok else "MISMATCH")
+    failures += not ok
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32, device="cuda").to(torch.int16)
+    for name in ("gelu_new", "gelu_fast"):
+        elementwise = getattr(vllm_ir.ops, name)
+        for dtype in (torch.bfloat16, torch.float16):
+            v = every.view(dtype)
+            v = v[v.isfinite()]
+            want = elementwise.fn(v)
+            with vllm_ir.priority(**{name: ["triton"]}):
+                got = elementwise(v)
+            keep = ~(want.isnan() & got.isnan())
+            differ = int((got.view(torch.int16) != want.view(torch.int16))[keep].sum())
+            print(f"{name} {dtype} triton vs native: {differ} of {v.numel()} values differ in bits")
+    return failures
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: this script needs a GPU")
@@ -87,6 +135,7 @@ def main() -> int:
     for op in (vllm_ir.ops.rms_norm, vllm_ir.ops.fused_add_rms_norm):
         measure(op)
     failures += check_compiled()
+    failures += check_activations()
     return 1 if failures else 0
 
 
