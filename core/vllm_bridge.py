@@ -41,24 +41,6 @@ PREFIX = "vllm_ir_"
 log = logging.getLogger("vllm.vllm_ir_bridge")  # under "vllm": vLLM's handlers and VLLM_LOGGING_LEVEL apply
 
 
-def _same_dtype_weight(x: Any, weight: Any, *rest: Any) -> Any:
-    """Where vLLM's RMSNorm and ours agree: no weight, or a weight of x's dtype.
-
-    vLLM rounds the normalized value to the *weight's* dtype, multiplies, then casts to x's
-    dtype; vllm-ir rounds to x's dtype and lets type promotion decide the output dtype (a
-    float32 weight with a bf16 x gives a float32 result). With equal dtypes both are the same
-    expression; mixed dtypes are declined so that vLLM runs its own native function.
-    """
-    if weight is None or weight.dtype == x.dtype:
-        return True
-    from vllm_ir import Unsupported
-
-    return Unsupported(
-        f"weight dtype {weight.dtype} differs from x dtype {x.dtype}: vLLM casts the result to x's dtype, "
-        "vllm-ir promotes it (not the same op)"
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class OpMapping:
     """One vLLM IR op and its vllm-ir counterpart.
@@ -72,21 +54,18 @@ class OpMapping:
     domain: Callable[..., Any] | None = None
 
 
-def _fused_domain(x: Any, x_residual: Any, weight: Any, *rest: Any) -> Any:
-    return _same_dtype_weight(x, weight)
-
-
 #: vLLM op -> counterpart. Checked against vLLM's native functions with vLLM's own input
 #: generators and tolerances (tests/test_vllm_bridge.py).
 MAPPINGS: dict[str, OpMapping] = {
-    "rms_norm": OpMapping("rms_norm", "rms_norm", _same_dtype_weight),
-    "fused_add_rms_norm": OpMapping("fused_add_rms_norm", "fused_add_rms_norm", _fused_domain),
+    # vLLM 0.33's semantics for every weight dtype (weight applied in its own dtype, result in
+    # x's): no domain restriction.
+    "rms_norm": OpMapping("rms_norm", "rms_norm"),
+    "fused_add_rms_norm": OpMapping("fused_add_rms_norm", "fused_add_rms_norm"),
+    # vLLM 0.33's expression op for op (per-row mean and population std, every step in x's dtype).
+    "gelu_and_mul_sparse": OpMapping("gelu_and_mul_sparse", "gelu_and_mul_sparse"),
 }
 #: vLLM ops (0.33) the bridge leaves alone, and why.
-NOT_BRIDGED: dict[str, str] = {
-    "gelu_and_mul_sparse": "no vllm-ir counterpart (Gaussian-sparsified GELU gate; vllm-ir's gelu_and_mul has no "
-    "sparsification)",
-}
+NOT_BRIDGED: dict[str, str] = {}
 
 
 @dataclasses.dataclass

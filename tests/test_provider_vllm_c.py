@@ -240,7 +240,7 @@ def test_torch_ops_accept_any_layout():
     ("case", "reason"),
     [
         ("variance_size", "variance_size is not supported"),
-        ("weight_dtype", "weight dtype torch.float32 differs from x dtype torch.bfloat16"),
+        ("weight_dtype", "weight dtype torch.float16 is neither x's (torch.bfloat16) nor float32"),
         ("float64", "dtype torch.float64 is not supported"),
         ("meta_device", "device meta is not supported (kernels built for: cpu"),
         ("weight_2d", "weight is 2-d"),
@@ -250,7 +250,7 @@ def test_rms_norm_declines_with_reason(case, reason):
     x, w, eps, _ = RMS.generate_inputs((3, 16), torch.bfloat16)
     args = {
         "variance_size": (x, w, eps, 8),
-        "weight_dtype": (x, w.float(), eps, None),
+        "weight_dtype": (x, w.half(), eps, None),  # an fp32 weight is taken (vLLM's semantics)
         "float64": (x.double(), w.double(), eps, None),
         "meta_device": (x.to("meta"), w.to("meta"), eps, None),
         "weight_2d": (x, w[None], eps, None),

@@ -5,7 +5,10 @@ class or a library function, so another instance of the same model stays stock):
 
 * RMSNorm modules -> ``vllm_ir.ops.rms_norm``. Two forms are recognised: Llama's
   (``weight * normalized.to(dtype)``: Llama, Mistral, Qwen2, Qwen3 and its q/k norms on
-  ``[..., heads, head_dim]``, and every model whose norm is a copy of it) and Gemma's
+  ``[..., heads, head_dim]``, and every model whose norm is a copy of it; it rounds to the
+  input dtype *before* the weight multiply, so a weight of another dtype -- fp32 norms on bf16
+  activations -- is ``weight * rms_norm(x, None, eps)``, Llama's own multiply, where the op
+  would multiply in the weight's dtype and return x's) and Gemma's
   (``normalized * (1 + weight)`` in float32, then cast). Gemma's form is exactly
   ``rms_norm(x.float(), 1 + weight.float(), eps).type_as(x)``: ``1 + weight`` is computed once
   and recomputed in eager when the weight changes.
@@ -249,7 +252,15 @@ def _merge_refusal(gate: nn.Module, up: nn.Module) -> str | None:
 
 
 def _llama_norm_forward(self: nn.Module, hidden_states: Tensor) -> Tensor:
-    return vllm_ir.ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    """Llama's ``weight * normalized.to(input dtype)``: the normalized value rounded to x's dtype
+    *before* the weight multiply (with type promotion). With a weight of x's dtype that is the
+    op's own expression; with another (an fp32 weight on bf16 activations) the op would multiply
+    in the weight's dtype and return x's (vLLM's semantics), so the norm runs without weight and
+    Llama's own multiply follows."""
+    w = self.weight
+    if w.dtype == hidden_states.dtype:
+        return vllm_ir.ops.rms_norm(hidden_states, w, self.variance_epsilon)
+    return w * vllm_ir.ops.rms_norm(hidden_states, None, self.variance_epsilon)
 
 
 #: Dtypes whose residual sum the fused op's float32 sum reproduces (rounded to the dtype); wider
@@ -262,7 +273,12 @@ def _llama_add_norm(self: nn.Module, x: Tensor, residual: Tensor) -> tuple[Tenso
     if x.dtype not in _FUSABLE or residual.dtype != x.dtype:
         total = residual + x
         return self(total), total
-    return vllm_ir.ops.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+    w = self.weight
+    if w.dtype == x.dtype:
+        return vllm_ir.ops.fused_add_rms_norm(x, residual, w, self.variance_epsilon)
+    # Llama's multiply after the rounding to x's dtype (see _llama_norm_forward).
+    out, total = vllm_ir.ops.fused_add_rms_norm(x, residual, None, self.variance_epsilon)
+    return w * out, total
 
 
 def _one_plus_weight(self: nn.Module) -> Tensor:

@@ -1,8 +1,15 @@
-"""RMSNorm and fused residual-add + RMSNorm.
+"""RMSNorm and fused residual-add + RMSNorm, with vLLM 0.33.0's semantics (``vllm/ir/ops/layernorm.py``).
 
-Both compute in float32 and return the input dtype, as vLLM's reference does: the
-normalized value is rounded to x's dtype *before* the weight multiplies it, so a float32
-weight with a bf16 input yields a float32 result (type promotion), exactly like native.
+Both normalize in float32, then apply the weight **in the weight's dtype** and cast to x's
+dtype: ``y = x.float() * rsqrt(mean(x.float()**2) + eps)``; with a weight,
+``y = y.to(weight.dtype) * weight``; the result is ``y.to(x.dtype)``, always in x's dtype.
+
+So a weight of x's dtype rounds twice (the normalized value, then the product), a float32
+weight with a bf16/fp16 x multiplies in float32 and rounds once (the common Hugging Face
+checkpoint: bf16 activations, fp32 norm weights), and a bf16 weight with a float32 x rounds
+the normalized value and the product to bf16 before widening back to float32. Hugging Face's
+``LlamaRMSNorm`` rounds to x's dtype *before* the weight multiply instead (with promotion):
+that is ``rms_norm(x, None, eps)`` followed by its own multiply (see `vllm_ir.integrations.transformers`).
 """
 
 from __future__ import annotations
@@ -15,28 +22,32 @@ from vllm_ir.ir.op import register_op
 
 @register_op
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
-    """Weighted root-mean-square normalization over the last dimension.
+    """Weighted root-mean-square normalization over the last dimension, as vLLM 0.33's ``rms_norm``.
 
-    ``variance_size`` computes the variance over the first ``variance_size`` channels only.
+    Normalizes in float32, multiplies by ``weight`` in the weight's dtype (``y.to(weight.dtype)
+    * weight``), returns x's dtype. ``variance_size`` computes the variance over the first
+    ``variance_size`` channels only.
     """
     orig_dtype = x.dtype
     x = x.to(torch.float32)
     x_var = x if variance_size is None else x[..., :variance_size]
     variance = x_var.pow(2).mean(dim=-1, keepdim=True)
     x = x * torch.rsqrt(variance + epsilon)
-    x = x.to(orig_dtype)
     if weight is not None:
-        x = x * weight
-    return x
+        x = x.to(weight.dtype) * weight
+    return x.to(orig_dtype)
 
 
 @register_op(allow_inplace=True)
 def fused_add_rms_norm(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    """``(rms_norm(x + x_residual), x + x_residual)`` with the sum kept in float32 for the norm.
+    """``(rms_norm(x + x_residual), x + x_residual)`` with the sum kept in float32 for the norm,
+    as vLLM 0.33's ``fused_add_rms_norm``.
 
-    Returns the normalized sum and the new residual (the sum in x's dtype). With
+    The sum is formed in float32; the new residual is that sum rounded to x's dtype, and the
+    norm is of the float32 sum (not of the rounded residual), with the weight applied as in
+    `rms_norm`. Returns the normalized sum and the new residual, both in x's dtype. With
     ``maybe_inplace`` an implementation may write the outputs into ``x`` and ``x_residual``.
     """
     orig_dtype = x.dtype
@@ -45,10 +56,9 @@ def fused_add_rms_norm(
     x_var = x if variance_size is None else x[..., :variance_size]
     variance = x_var.pow(2).mean(dim=-1, keepdim=True)
     x = x * torch.rsqrt(variance + epsilon)
-    x = x.to(orig_dtype)
     if weight is not None:
-        x = x * weight
-    return x, residual
+        x = x.to(weight.dtype) * weight
+    return x.to(orig_dtype), residual
 
 
 def _weight(
@@ -103,5 +113,9 @@ for _op in (rms_norm, fused_add_rms_norm):
     # allow ~4 ulp of fp16, as the default bf16 tolerance allows ~4 ulp of bf16.
     _op.set_tolerance(torch.float16, atol=1e-3, rtol=4e-3)
     _op.add_input_variant("no_weight", with_weight=False)
-    _op.add_input_variant("fp32_weight", weight_dtype=torch.float32)
+    # Mixed weight dtypes: an fp32 weight (bf16/fp16 x: one fp32 multiply, one rounding; the
+    # Hugging Face case, benchmarked) and a bf16 weight (fp32 x: rounded to bf16 twice, then
+    # widened; fp16 x: bf16 rounding, then fp16).
+    _op.add_input_variant("fp32_weight", benchmark=True, weight_dtype=torch.float32)
+    _op.add_input_variant("bf16_weight", weight_dtype=torch.bfloat16)
     _op.add_input_variant("variance_size", variance_size=5)

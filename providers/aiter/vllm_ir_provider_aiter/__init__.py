@@ -45,7 +45,10 @@ def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool |
     if x.dtype not in DTYPES:
         return vllm_ir.Unsupported(f"AITER RMSNorm takes float16/bfloat16, not {x.dtype}")
     if weight is not None and weight.dtype != x.dtype:
-        return vllm_ir.Unsupported(f"weight dtype {weight.dtype} must match x dtype {x.dtype}")
+        return vllm_ir.Unsupported(
+            f"weight dtype {weight.dtype} must match x dtype {x.dtype} (AITER's RMSNorm takes the weight "
+            "in x's dtype; vLLM applies another weight dtype in that dtype, which it cannot reproduce)"
+        )
     if not _flattens_without_copy(x):
         return vllm_ir.Unsupported("input cannot be flattened to 2-D without a copy (e.g. a per-head view)")
     return True

@@ -1,15 +1,23 @@
 """Provider ``aten``: PyTorch's own fused kernels, and in-place ops where PyTorch has none.
 
-- ``rms_norm`` calls ``torch.nn.functional.rms_norm`` (one fused ATen kernel). It applies the
-  weight in fp32 and rounds once, where the op rounds before the weight multiply: results
-  differ by at most one ulp of the input dtype, inside the op's tolerance. It declines where
-  the contract differs: ``variance_size`` (not expressible) and a weight dtype other than x's
-  (native promotes the result to the weight's dtype; ATen returns x's dtype).
+- ``rms_norm`` calls ``torch.nn.functional.rms_norm`` (one fused ATen kernel), which on CPU
+  computes vLLM 0.33's expression bit for bit without a weight and with a float32 weight (it
+  normalizes in fp32, multiplies by the fp32 weight and rounds once; ATen's fused kernel wants
+  the weight in x's dtype, so a 16-bit x is widened to fp32 first). For a weight of x's
+  16-bit dtype the op rounds the normalized value before the multiply, so that case is the
+  kernel without weight followed by the multiply in x's dtype; a weight of a third dtype (bf16
+  with float32 or float16 x) is the fp32 norm rounded to the weight's dtype, times the weight,
+  cast to x's dtype (vLLM's ``x.to(weight.dtype) * weight``). ``variance_size`` is declined
+  (not expressible).
 - ``gelu_new`` and ``gelu_fast`` are GELU's tanh approximation (the same formula; gelu_fast's
-  constant is sqrt(2/pi) to ten digits): ``torch.nn.functional.gelu(x, approximate="tanh")``,
-  one kernel computing in fp32 and rounding once, as the op does.
-- ``fused_add_rms_norm`` is in place from in-place torch ops: the only temporaries are the
-  per-row statistics ([..., 1] fp32), so ``maybe_inplace`` allocates nothing activation-sized.
+  constant is sqrt(2/pi) to ten digits): ``torch.nn.functional.gelu(x, approximate="tanh")``
+  for float32 x. 16-bit x is declined: the ops are vLLM's expressions rounded to x's dtype
+  after every step, where F.gelu rounds once (outside bf16's tolerance for ~50 inputs).
+- ``fused_add_rms_norm`` is in place: the new residual is written into ``x_residual`` and the
+  normalized sum into ``x``. The norm is of the float32 sum, as the op says (not of the
+  residual rounded to x's dtype, which overflows fp16 where the fp32 sum does not): float32
+  rows are summed in place, 16-bit rows through one float32 temporary of the sum; the norm
+  then is ``rms_norm``'s above, on that fp32 sum. ``variance_size`` is declined.
 
 Both decline what native computes differently or broadcasts (and ATen's kernels reject):
 float64 (native computes in fp32, so a float64 kernel differs by ~1 fp32 ulp, far beyond the
@@ -33,10 +41,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def _weight(x: Tensor, weight: Tensor | None) -> bool | vllm_ir.Unsupported:
     if weight is None:
         return True
-    if weight.dtype != x.dtype:
-        return vllm_ir.Unsupported(
-            f"weight dtype {weight.dtype} != x dtype {x.dtype}: native promotes the result, ATen does not"
-        )
+    if weight.dtype not in DTYPES:
+        return vllm_ir.Unsupported(f"weight dtype {weight.dtype} is not float32, bfloat16 or float16")
     if weight.device != x.device:
         return vllm_ir.Unsupported(f"weight is on {weight.device}, x on {x.device}")
     if weight.shape != x.shape[-1:]:
@@ -63,14 +69,38 @@ def _rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, varianc
     return _x(x) and _weight(x, weight)
 
 
+def _normed(x: Tensor, weight: Tensor | None, epsilon: float) -> Tensor:
+    """vLLM's rms_norm of ``x`` (any float dtype), in x's dtype, or for a weight of x's 16-bit
+    dtype the normalized value before that weight's multiply (see the module docstring)."""
+    shape = (x.shape[-1],)
+    if weight is None or weight.dtype == x.dtype == torch.float32:
+        return torch.nn.functional.rms_norm(x, shape, weight, epsilon)
+    if weight.dtype == torch.float32:
+        # ATen's fused kernel takes a weight of x's dtype only (other pairs run its composite
+        # form, with a warning): the fp32 kernel on the widened x, then x's dtype.
+        return torch.nn.functional.rms_norm(x.to(torch.float32), shape, weight, epsilon).to(x.dtype)
+    if weight.dtype == x.dtype:
+        return torch.nn.functional.rms_norm(x, shape, None, epsilon)
+    y = torch.nn.functional.rms_norm(x.to(torch.float32), shape, None, epsilon)
+    return y.to(weight.dtype).mul_(weight).to(x.dtype)
+
+
+def _weighted_by_x_dtype(x: Tensor, weight: Tensor | None) -> bool:
+    """Whether `_normed` left the weight's multiply (in x's dtype) to the caller."""
+    return weight is not None and weight.dtype == x.dtype and x.dtype != torch.float32
+
+
 @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_supports)
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
-    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, epsilon)
+    y = _normed(x, weight, epsilon)
+    return y.mul_(weight) if _weighted_by_x_dtype(x, weight) else y
 
 
 def _fused_supports(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
 ):
+    if variance_size is not None:
+        return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
     if x_residual.dtype != x.dtype:
         return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
     if x_residual.device != x.device:
@@ -86,20 +116,25 @@ def _fused_supports(
 def fused_add_rms_norm(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    x_residual.add_(x)  # the sum, rounded to x's dtype once: the new residual
-    x_var = x_residual if variance_size is None else x_residual[..., :variance_size]
-    # sqrt(sum of squares) in fp32 without an fp32 copy of the activations; then mean, + eps, rsqrt.
-    scale = torch.linalg.vector_norm(x_var, dim=-1, keepdim=True, dtype=torch.float32)
-    # No square_()/rsqrt_(): Inductor has no lowering for pow_/rsqrt_ (under CI=1 its ATen
-    # fallback for them is an error); mul_/div_/add_ it lowers.
-    scale = scale.mul_(scale).div_(x_var.shape[-1]).add_(epsilon).rsqrt()
-    torch.mul(x_residual, scale, out=x)
-    if weight is not None:
-        x.mul_(weight)
+    if x.dtype == torch.float32:
+        total = x_residual.add_(x)  # the fp32 sum is the new residual
+    else:
+        total = x.to(torch.float32).add_(x_residual)  # the fp32 sum (one temporary) ...
+        x_residual.copy_(total)  # ... rounded once: the new residual
+    # The norm of the fp32 sum. A weight of x's dtype multiplies the norm rounded to x's dtype
+    # (as the op does); any other weight is applied by `_normed` (total is fp32).
+    if weight is not None and weight.dtype == x.dtype:
+        x.copy_(torch.nn.functional.rms_norm(total, (x.shape[-1],), None, epsilon)).mul_(weight)
+    else:
+        x.copy_(_normed(total, weight, epsilon))
     return x, x_residual
 
 
 def _gelu_tanh_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return vllm_ir.Unsupported(
+            f"dtype {x.dtype}: the op rounds every step to x's dtype (vLLM's), F.gelu rounds once"
+        )
     if x.dtype not in DTYPES:
         return vllm_ir.Unsupported(
             f"dtype {x.dtype} is not float32, bfloat16 or float16"

@@ -87,7 +87,10 @@ def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool |
         return vllm_ir.Unsupported(f"Oink RMSNorm takes float16/bfloat16/float32, not {x.dtype}")
     if weight is not None:
         if weight.dtype != x.dtype:
-            return vllm_ir.Unsupported(f"weight dtype {weight.dtype} must match x dtype {x.dtype}")
+            return vllm_ir.Unsupported(
+                f"weight dtype {weight.dtype} must match x dtype {x.dtype} (Oink's RMSNorm takes the weight "
+                "in x's dtype; vLLM applies another weight dtype in that dtype, which it cannot reproduce)"
+            )
         if weight.dim() != 1 or weight.shape[0] != x.shape[-1] or not weight.is_contiguous():
             return vllm_ir.Unsupported("weight must be a contiguous 1-D [hidden] tensor")
     if x.dim() < 2:

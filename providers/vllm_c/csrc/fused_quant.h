@@ -7,9 +7,10 @@
 // Numerics are the op declarations' (core/ir/declarations/fused_quant.py), that is, native
 // rms_norm / fused_add_rms_norm (layernorm.h) followed by native static / per-token dynamic
 // quant or per-group quant (quant.h), rounding for rounding: the fp32 row (x, or x + residual) is normalized,
-// rounded to the input dtype, multiplied by the weight (rounded again for a weight of the
-// input dtype; an fp32 weight promotes the product to fp32, as native does), then multiplied
-// by the fp32 reciprocal of the scale and encoded. Group scales are quant.h's group quant's:
+// the weight applied as vLLM 0.33 applies it (a weight of the input dtype multiplies the value
+// rounded to that dtype and rounds again; an fp32 weight multiplies the fp32 value, rounded once:
+// either way y is in the input dtype), then y is multiplied by the fp32 reciprocal of the
+// scale and encoded. Group scales are quant.h's group quant's:
 // max(absmax / bound, floor), first rounded up to a power of two for UE8M0.
 #pragma once
 
@@ -36,7 +37,7 @@ struct GroupScales {
 // residual_out may be residual itself (the in-place form); it overlaps nothing else.
 struct RmsNormQuantArgs {
   c10::ScalarType dtype;
-  bool fp32_weight;  // weight is float32 while dtype is not: the product is not rounded
+  bool fp32_weight;  // weight is float32 while dtype is not: one fp32 multiply, then rounded to dtype
   Fp8Format format;
   uint8_t* out;  // contiguous rows of `hidden`
   const void* input;

@@ -7,25 +7,31 @@
 
 namespace vllm_ir_c {
 
-// out[r] = rms_norm(input[r]) * weight, for every row r.
+// The weight is applied as vLLM 0.33 does: y = the row normalized in fp32; with a weight,
+// y = y.to(weight dtype) * weight; out = y.to(dtype). A weight of `dtype` therefore rounds twice
+// (y, then the product), an fp32 weight once (an fp32 multiply).
+
+// out[r] = rms_norm(input[r], weight), for every row r.
 struct RmsNormArgs {
   c10::ScalarType dtype;
+  bool fp32_weight;  // weight is float32 while dtype is not: one fp32 multiply, one rounding
   void* out;
   RowLayout out_rows;
   const void* input;
   RowLayout input_rows;
-  const void* weight;  // [hidden] in `dtype`, or nullptr
+  const void* weight;  // [hidden] in `dtype` or float32, or nullptr
   int64_t rows;
   int64_t hidden;
   float epsilon;
 };
 
 // For every row r, with s = input[r] + residual[r] in fp32:
-// residual_out[r] = s rounded to `dtype`; out[r] = rms_norm(s) * weight.
+// residual_out[r] = s rounded to `dtype`; out[r] = rms_norm(s, weight) (of the fp32 s).
 // In place when `out` is `input` and `residual_out` is `residual` (then with the same layouts);
 // otherwise the outputs overlap neither input nor each other.
 struct FusedAddRmsNormArgs {
   c10::ScalarType dtype;
+  bool fp32_weight;  // as RmsNormArgs
   void* out;
   RowLayout out_rows;
   void* residual_out;
@@ -34,7 +40,7 @@ struct FusedAddRmsNormArgs {
   RowLayout input_rows;
   const void* residual;
   RowLayout residual_rows;
-  const void* weight;  // [hidden] in `dtype`, or nullptr
+  const void* weight;  // [hidden] in `dtype` or float32, or nullptr
   int64_t rows;
   int64_t hidden;
   float epsilon;
@@ -64,13 +70,19 @@ inline std::optional<at::Tensor> check_norm_inputs(const char* op, const at::Ten
   const at::Tensor& w = *weight;
   TORCH_CHECK(w.dim() == 1 && w.size(0) == input.size(-1), op, ": weight must have shape [", input.size(-1),
               "], got ", w.sizes());
-  TORCH_CHECK(w.scalar_type() == input.scalar_type(), op, ": weight is ", w.scalar_type(), ", input is ",
-              input.scalar_type(), " (the kernels multiply in the input dtype)");
+  TORCH_CHECK(w.scalar_type() == input.scalar_type() || w.scalar_type() == at::kFloat, op, ": weight is ",
+              w.scalar_type(), ", input is ", input.scalar_type(),
+              " (the kernels take a weight of the input's dtype or float32)");
   TORCH_CHECK(w.device() == input.device(), op, ": weight is on ", w.device(), ", input on ", input.device());
   return w.contiguous();
 }
 
-// out <- rms_norm(input) * weight: builds the kernel arguments, staging awkward layouts, runs
+// Whether `weight` is a float32 weight of a narrower input (RmsNormArgs::fp32_weight).
+inline bool fp32_weight(const at::Tensor& input, const std::optional<at::Tensor>& weight) {
+  return weight.has_value() && weight->scalar_type() != input.scalar_type();
+}
+
+// out <- rms_norm(input, weight): builds the kernel arguments, staging awkward layouts, runs
 // `kernel`, and copies staged results back.
 template <typename Kernel>
 void run_rms_norm(const char* op, at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -83,6 +95,7 @@ void run_rms_norm(const char* op, at::Tensor& out, const at::Tensor& input, cons
   const at::Tensor x = staged(input);
   at::Tensor y = output_buffer(out);
   RmsNormArgs args{input.scalar_type(),
+                   fp32_weight(input, w),
                    y.mutable_data_ptr(),
                    row_layout(y),
                    x.const_data_ptr(),
@@ -124,6 +137,7 @@ void run_fused_add_rms_norm(const char* op, at::Tensor& out, at::Tensor& residua
   at::Tensor y = in_place ? x : output_buffer(out);
   at::Tensor s = in_place ? r : output_buffer(residual_out);
   FusedAddRmsNormArgs args{input.scalar_type(),
+                           fp32_weight(input, w),
                            y.mutable_data_ptr(),
                            row_layout(y),
                            s.mutable_data_ptr(),

@@ -5,6 +5,11 @@ Each implementation wraps one ``torch.ops.vllm_ir_c`` op; ``fused_add_rms_norm``
 kernel forms under ``vllm_c``: ``op(...)`` runs the out-of-place kernel (fresh outputs, no
 clones), ``op.maybe_inplace(...)`` the in-place one on the donated activations.
 
+The weight is applied as the op (and vLLM 0.33) applies it: a weight of x's dtype multiplies
+the normalized value rounded to x's dtype; a float32 weight with a bf16/fp16 x (the Hugging
+Face checkpoint case) multiplies the fp32 value and rounds once. A weight of a third dtype
+(bf16 with float32 or float16 x, float16 with bf16 or float32 x) is declined: native runs it.
+
 The predicates say why a call is declined. They read only dtypes, devices, shapes other than
 the batch, and the last dimension's stride, never the batch size or values (the dispatch cache
 keys on all of those facts, so a cached verdict always matches the call). The C++ ops still
@@ -134,10 +139,10 @@ def _common_verdict(
     if x.stride(-1) != 1 and x.size(-1) != 1:
         return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
     if weight is not None:
-        if weight.dtype != x.dtype:
+        if weight.dtype not in (x.dtype, torch.float32):
             return Unsupported(
-                f"weight dtype {weight.dtype} differs from x dtype {x.dtype} "
-                "(native promotes the result; the kernels compute in x's dtype)"
+                f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32 "
+                "(the kernels apply a weight of x's dtype or an fp32 one)"
             )
         if weight.device != x.device:
             return Unsupported(f"weight is on {weight.device}, x on {x.device}")

@@ -55,7 +55,10 @@ def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool |
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported by vllm-xpu-kernels")
     if weight is not None and weight.dtype != x.dtype:
-        return vllm_ir.Unsupported(f"weight dtype {weight.dtype} must match x dtype {x.dtype}")
+        return vllm_ir.Unsupported(
+            f"weight dtype {weight.dtype} must match x dtype {x.dtype} (vllm-xpu-kernels' RMSNorm takes the "
+            "weight in x's dtype; vLLM applies another weight dtype in that dtype, which it cannot reproduce)"
+        )
     if not x.is_contiguous():
         return vllm_ir.Unsupported("input must be contiguous (the kernel would copy it)")
     return True

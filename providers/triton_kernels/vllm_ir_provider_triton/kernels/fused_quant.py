@@ -78,12 +78,13 @@ def _rms_norm_quant_kernel(
     q_ptr, s_ptr, ub_ptr, x_ptr, r_ptr, r_out_ptr, w_ptr,
     x_row_stride, r_row_stride, r_out_row_stride, n_cols, eps,
     group_size, groups, inner_rows, s_batch_stride, s_row_stride, s_group_stride, min_scale,
-    QUANT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_FP32: tl.constexpr,
+    QUANT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     BOUND: tl.constexpr, FNUZ: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr,
     BLOCK_NG: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
-    """One row: s = x (+ residual, fp32; the residual stored rounded), y = rms_norm(s) rounded
-    to x's dtype, times the weight (rounded again unless WEIGHT_FP32), then quantized."""
+    """One row: s = x (+ residual, fp32; the residual stored rounded), y = rms_norm(s) with the
+    weight applied as vLLM 0.33 does (rounded to the weight's dtype, multiplied, rounded to it
+    again: no roundings for an fp32 weight), rounded to x's dtype, then quantized."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, BLOCK_NG)[:, None]
     j = tl.arange(0, BLOCK_G)[None, :]
@@ -95,11 +96,11 @@ def _rms_norm_quant_kernel(
         s += tl.load(r_ptr + row * r_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(r_out_ptr + row * r_out_row_stride + cols, _cast(s, DTYPE), mask=mask)
     rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(s * s, axis=1), axis=0) / n_cols + eps)
-    y = _round(s * rstd, DTYPE)
+    y = s * rstd
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        if not WEIGHT_FP32:
-            y = _round(y, DTYPE)
+        W_DTYPE: tl.constexpr = w_ptr.dtype.element_ty
+        y = _round(_round(y, W_DTYPE) * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32), W_DTYPE)
+    y = _round(y, DTYPE)
     s_row_offset = (row // inner_rows) * s_batch_stride + (row % inner_rows) * s_row_stride
     _quantize_store(
         y, q_ptr + row * n_cols + cols, mask, s_ptr, ub_ptr, row, groups, s_row_offset, s_group_stride,
@@ -238,7 +239,6 @@ def rms_norm_fp8_quant_out(
         x_stride, r_stride, ro_stride, cols, epsilon,
         group_size, groups, inner, s_batch, s_row, s_group, min_scale,
         QUANT=quant, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-        WEIGHT_FP32=weight is not None and weight.dtype == torch.float32 and x.dtype != torch.float32,
         BOUND=bound, FNUZ=fnuz, HAS_UB=scale_ub is not None, UE8M0=use_ue8m0,
         BLOCK_NG=block_ng, BLOCK_G=block_g,
     )  # fmt: skip

@@ -8,6 +8,20 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
+# Rounding points as the other kernels take them (bf16 bit for bit in the CPU interpreter too).
+from vllm_ir_provider_triton.kernels.activation import _cast, _round
+
+
+@triton.jit
+def _weighted(normed, w_ptr, cols, mask, HAS_WEIGHT: tl.constexpr):
+    """vLLM's ``normed.to(weight.dtype) * weight`` in fp32 arithmetic: rounded to the weight's
+    dtype, multiplied, rounded again (no-ops for an fp32 weight); the caller casts to x's dtype."""
+    if HAS_WEIGHT:
+        W_DTYPE: tl.constexpr = w_ptr.dtype.element_ty
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        normed = _round(_round(normed, W_DTYPE) * w, W_DTYPE)
+    return normed
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -26,11 +40,8 @@ def _rms_norm_kernel(
     mask = cols < n_cols
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    y = (x * rstd).to(out_ptr.dtype.element_ty)
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        y = (y.to(tl.float32) * w).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * out_row_stride + cols, y, mask=mask)
+    y = _weighted(x * rstd, w_ptr, cols, mask, HAS_WEIGHT)
+    tl.store(out_ptr + row * out_row_stride + cols, _cast(y, out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -51,13 +62,10 @@ def _fused_add_rms_norm_kernel(
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + row * r_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     s = x + r
-    tl.store(r_ptr + row * r_row_stride + cols, s.to(r_ptr.dtype.element_ty), mask=mask)
+    tl.store(r_ptr + row * r_row_stride + cols, _cast(s, r_ptr.dtype.element_ty), mask=mask)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)
-    y = (s * rstd).to(x_ptr.dtype.element_ty)
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        y = (y.to(tl.float32) * w).to(x_ptr.dtype.element_ty)
-    tl.store(x_ptr + row * x_row_stride + cols, y, mask=mask)
+    y = _weighted(s * rstd, w_ptr, cols, mask, HAS_WEIGHT)
+    tl.store(x_ptr + row * x_row_stride + cols, _cast(y, x_ptr.dtype.element_ty), mask=mask)
 
 
 def _rows(t: Tensor) -> tuple[int, int]:

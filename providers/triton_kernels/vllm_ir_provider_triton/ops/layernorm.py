@@ -3,8 +3,9 @@
 One program per row; the whole row is loaded once (BLOCK = next power of two >= hidden),
 reduced in fp32, and written once: x read + out written (+ residual read and written).
 Arithmetic is fp32 throughout and values are cast at load/store, which also keeps the
-Triton CPU interpreter exact (its bf16 arithmetic yields NaN). Rounding follows the op:
-the normalized value is rounded to x's dtype before the weight multiply.
+Triton CPU interpreter exact (its bf16 arithmetic yields NaN). Rounding follows the op (vLLM
+0.33's): the normalized fp32 value is rounded to the *weight's* dtype, multiplied, rounded to
+it again, then cast to x's dtype, for any pair of float32/bfloat16/float16 dtypes.
 
 The kernels are exposed as ``torch.library.triton_op``s in the ``vllm_ir_triton`` namespace
 so the vllm-ir lowering pass traces them into compiled graphs.
@@ -33,8 +34,8 @@ def _common_checks(x: Tensor, weight: Tensor | None, variance_size: int | None) 
         return vllm_ir.Unsupported("x is 0-d (the kernels normalize rows)")
     if x.shape[-1] > MAX_HIDDEN:
         return vllm_ir.Unsupported(f"hidden size {x.shape[-1]} > {MAX_HIDDEN} (one row per program)")
-    if weight is not None and weight.dtype != x.dtype:
-        return vllm_ir.Unsupported(f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    if weight is not None and weight.dtype not in _DTYPES:
+        return vllm_ir.Unsupported(f"weight dtype {weight.dtype} is not one of float32, float16, bfloat16")
     if weight is not None and weight.device != x.device:
         return vllm_ir.Unsupported(f"weight is on {weight.device}, x on {x.device}")
     if weight is not None and weight.shape != x.shape[-1:]:

@@ -73,46 +73,15 @@ void quantize_buffered_groups(const float* y, uint8_t* out, int64_t n, const Gro
                                          g.use_ue8m0, fp8_bound(kFormat));
 }
 
-// How the weight enters: none, of T (product rounded to T), or fp32 with a narrower T
-// (native promotes the product to fp32: no rounding).
-enum class WeightKind { kNone, kSame, kFp32 };
+// How the weight enters (vLLM's `y.to(weight.dtype) * weight`, then x's dtype): norm_vec.h.
+using norm_vec::WeightKind;
 
-template <typename T>
-float round_scalar(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
-
-template <typename T, WeightKind kKind>
-std::tuple<fVec, fVec> apply_weight(const fVec& y0, const fVec& y1, const float* w) {
-  if constexpr (kKind == WeightKind::kNone) {
-    return {y0, y1};
-  } else {
-    const fVec p0 = y0 * fVec::loadu(w);
-    const fVec p1 = y1 * fVec::loadu(w + fVec::size());
-    if constexpr (kKind == WeightKind::kSame) {
-      return round_float<T>(p0, p1);
-    } else {
-      return {p0, p1};
-    }
-  }
-}
-
-template <typename T, WeightKind kKind>
-float apply_weight(float y, const float* w, int64_t d) {
-  if constexpr (kKind == WeightKind::kNone) {
-    return y;
-  } else {
-    const float p = y * w[d];
-    return kKind == WeightKind::kSame ? round_scalar<T>(p) : p;
-  }
-}
-
-// Whether pass 2 keeps y in T for pass 3 to encode by RowQuantizer's table (bf16 rows whose y
-// is already rounded to bf16: a weight of T or none; runs of `run` values share a scale: the
-// row, or a group) instead of in fp32.
-template <typename T, Fp8Format kFormat, WeightKind kKind>
+// Whether pass 2 keeps y in T for pass 3 to encode by RowQuantizer's table (bf16 rows: y is
+// rounded to bf16 whatever the weight; runs of `run` values share a scale: the row, or a group)
+// instead of in fp32.
+template <typename T, Fp8Format kFormat>
 bool stages_in_t(int64_t run) {
-  return kKind != WeightKind::kFp32 && fp8_vec::RowQuantizer<kFormat, T>::by_table(run);
+  return fp8_vec::RowQuantizer<kFormat, T>::by_table(run);
 }
 
 // One row. `buf` holds y in fp32 between pass 2 and pass 3 (or `stage` in T, see stages_in_t);
@@ -165,26 +134,19 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     }
     return std::make_tuple(s0, s1);
   };
-  if constexpr (kKind != WeightKind::kFp32) {
+  if (stage != nullptr) {
     // Staged (a loop of its own): the store rounds y to T, no widening back to fp32 in
     // between (a dynamic scale's absmax is taken from the staged row afterwards).
-    if (stage != nullptr) {
-      for (; d + kStep <= n; d += kStep) {
-        auto [s0, s1] = sum_step(d);
-        if constexpr (kKind == WeightKind::kSame) {
-          auto [n0, n1] = round_float<T>(s0 * vinv_rms, s1 * vinv_rms);
-          store_float(stage + d, n0 * fVec::loadu(w + d), n1 * fVec::loadu(w + d + fVec::size()));
-        } else {
-          store_float(stage + d, s0 * vinv_rms, s1 * vinv_rms);
-        }
-      }
-    }
-  }
-  if (stage == nullptr) {
     for (; d + kStep <= n; d += kStep) {
       auto [s0, s1] = sum_step(d);
-      auto [n0, n1] = round_float<T>(s0 * vinv_rms, s1 * vinv_rms);
-      auto [y0, y1] = apply_weight<T, kKind>(n0, n1, w + d);
+      auto [y0, y1] = norm_vec::weighted<T, kKind>(s0 * vinv_rms, s1 * vinv_rms, w + d);
+      store_float(stage + d, y0, y1);
+    }
+  } else {
+    for (; d + kStep <= n; d += kStep) {
+      auto [s0, s1] = sum_step(d);
+      auto [p0, p1] = norm_vec::weighted<T, kKind>(s0 * vinv_rms, s1 * vinv_rms, w + d);
+      auto [y0, y1] = round_float<T>(p0, p1);
       y0.store(buf + d);
       y1.store(buf + d + fVec::size());
       if constexpr (kDynamic) {
@@ -199,7 +161,7 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     if constexpr (kResidual) {
       res_out[d] = static_cast<T>(s);
     }
-    const float y = apply_weight<T, kKind>(round_scalar<T>(s * inv_rms), w, d);
+    const float y = static_cast<float>(norm_vec::weighted<T, kKind>(s * inv_rms, w, d));
     if (stage != nullptr) {
       stage[d] = static_cast<T>(y);
     } else {
@@ -245,7 +207,7 @@ void rows(const RmsNormQuantArgs& a) {
     // A weight of T widened once per task; an fp32 weight is used as is.
     const norm_vec::Fp32Weight<T> same(kKind == WeightKind::kSame ? a.weight : nullptr, a.hidden);
     const float* w = kKind == WeightKind::kSame ? same.data() : static_cast<const float*>(a.weight);
-    const bool staged = stages_in_t<T, kFormat, kKind>(kQuant == QuantKind::kGroup ? a.group.size : a.hidden);
+    const bool staged = stages_in_t<T, kFormat>(kQuant == QuantKind::kGroup ? a.group.size : a.hidden);
     std::vector<float> buf(staged ? 0 : a.hidden);
     std::vector<T> stage(staged ? a.hidden : 0);
     std::vector<float> group_absmax(kQuant == QuantKind::kGroup ? (a.hidden + a.group.size - 1) / a.group.size : 0);

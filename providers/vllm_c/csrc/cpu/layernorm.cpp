@@ -12,10 +12,12 @@
 // Each row is read twice: pass 1 sums squares (memory-bound), pass 2 scales the row, now in
 // L1, while prefetching the next row (compute-bound), so the two overlap.
 //
-// Numerics follow the op declarations in vllm_ir (core/ir/declarations/layernorm.py) rounding
-// for rounding: the row is normalized in fp32, rounded to the input dtype, and only then
-// multiplied by the weight in that dtype (for bf16/fp16: an fp32 product rounded again).
-// The fused op normalizes the fp32 sum, not the rounded residual it stores.
+// Numerics follow the op declarations in vllm_ir (core/ir/declarations/layernorm.py), that is
+// vLLM 0.33's, rounding for rounding: the row is normalized in fp32, then the weight applied in
+// its own dtype (norm_vec::WeightKind): a weight of the input dtype multiplies the normalized
+// value rounded to that dtype (for bf16/fp16: an fp32 product rounded again); an fp32 weight
+// multiplies the fp32 value, rounded once. The fused op normalizes the fp32 sum, not the
+// rounded residual it stores.
 
 #include "../layernorm.h"
 
@@ -46,12 +48,13 @@ namespace {
 using float_vec::fVec;
 using float_vec::kStep;
 using float_vec::load_float;
-using float_vec::round_float;
 using float_vec::store_float;
 using norm_vec::Fp32Weight;
 using norm_vec::inverse_rms;
 using norm_vec::prefetch_step;
 using norm_vec::sum_of_squares;
+using norm_vec::weighted;
+using norm_vec::WeightKind;
 
 // Fewer elements than this per task are not worth a parallel region (a few microseconds).
 // Measured on 2 cores with hidden 4096: 8 rows already run faster on two threads
@@ -65,7 +68,7 @@ int64_t grain_size(int64_t hidden) {
 // ---------------------------------------------------------------------------------------
 // rows
 
-template <typename T, bool kHasWeight>
+template <typename T, WeightKind kKind>
 void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, const T* next_x, T* next_out) {
   const float sum = sum_of_squares(
       n, [&](int64_t d) { return load_float(x + d); }, [&](int64_t d) { return static_cast<float>(x[d]); });
@@ -77,17 +80,11 @@ void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, 
     prefetch_step<false>(next_x + d);
     prefetch_step<true>(next_out + d);
     auto [x0, x1] = load_float(x + d);
-    if constexpr (kHasWeight) {
-      // Native rounds the normalized row to x's dtype, then multiplies by the weight and rounds again.
-      auto [y0, y1] = round_float<T>(x0 * scale_vec, x1 * scale_vec);
-      store_float(out + d, y0 * fVec::loadu(w + d), y1 * fVec::loadu(w + d + fVec::size()));
-    } else {
-      store_float(out + d, x0 * scale_vec, x1 * scale_vec);
-    }
+    auto [y0, y1] = weighted<T, kKind>(x0 * scale_vec, x1 * scale_vec, w + d);
+    store_float(out + d, y0, y1);
   }
   for (; d < n; ++d) {
-    const T y = static_cast<T>(static_cast<float>(x[d]) * scale);
-    out[d] = kHasWeight ? static_cast<T>(static_cast<float>(y) * w[d]) : y;
+    out[d] = weighted<T, kKind>(static_cast<float>(x[d]) * scale, w, d);
   }
 }
 
@@ -96,7 +93,7 @@ void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, 
 // writing (in place, they are its inputs); the inputs of the next row are read first by its
 // pass 1, a stream the hardware prefetcher follows (prefetching them here as well measured no
 // faster, and slower out of place at fp32 [256, 4096]: 214 vs 179-200 us on the 2-core VM).
-template <typename T, bool kHasWeight>
+template <typename T, WeightKind kKind>
 void fused_add_rms_norm_row(T* out, T* residual_out, const T* x, const T* residual, const float* w, int64_t n,
                             float epsilon, T* next_out, T* next_residual_out) {
   // Pass 1 only reads; pass 2 recomputes the fp32 sum from both rows (now in cache) rather
@@ -121,49 +118,72 @@ void fused_add_rms_norm_row(T* out, T* residual_out, const T* x, const T* residu
     const fVec s0 = x0 + r0;
     const fVec s1 = x1 + r1;
     store_float(residual_out + d, s0, s1);
-    if constexpr (kHasWeight) {
-      auto [y0, y1] = round_float<T>(s0 * scale_vec, s1 * scale_vec);
-      store_float(out + d, y0 * fVec::loadu(w + d), y1 * fVec::loadu(w + d + fVec::size()));
-    } else {
-      store_float(out + d, s0 * scale_vec, s1 * scale_vec);
-    }
+    auto [y0, y1] = weighted<T, kKind>(s0 * scale_vec, s1 * scale_vec, w + d);
+    store_float(out + d, y0, y1);
   }
   for (; d < n; ++d) {
     const float s = static_cast<float>(x[d]) + static_cast<float>(residual[d]);
     residual_out[d] = static_cast<T>(s);
-    const T y = static_cast<T>(s * scale);
-    out[d] = kHasWeight ? static_cast<T>(static_cast<float>(y) * w[d]) : y;
+    out[d] = weighted<T, kKind>(s * scale, w, d);
   }
 }
 
 // ---------------------------------------------------------------------------------------
 // chunks of rows (one at::parallel_for task each)
 
-template <typename T, bool kHasWeight>
+// The weight in fp32 for a chunk of rows: a weight of T widened once (exactly), an fp32 one as is.
+template <typename T, WeightKind kKind>
+class ChunkWeight {
+ public:
+  ChunkWeight(const void* weight, int64_t n) : same_(kKind == WeightKind::kSame ? weight : nullptr, n) {
+    data_ = kKind == WeightKind::kFp32 ? static_cast<const float*>(weight) : same_.data();
+  }
+  const float* data() const {
+    return data_;
+  }
+
+ private:
+  Fp32Weight<T> same_;
+  const float* data_;
+};
+
+template <typename T, WeightKind kKind>
 void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end) {
   auto* out = static_cast<T*>(a.out);
   const auto* x = static_cast<const T*>(a.input);
-  const Fp32Weight<T> w(kHasWeight ? a.weight : nullptr, a.hidden);
+  const ChunkWeight<T, kKind> w(a.weight, a.hidden);
   for (const auto r : c10::irange(begin, end)) {
     const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
-    rms_norm_row<T, kHasWeight>(out + a.out_rows.offset(r), x + a.input_rows.offset(r), w.data(), a.hidden,
-                                a.epsilon, x + a.input_rows.offset(next), out + a.out_rows.offset(next));
+    rms_norm_row<T, kKind>(out + a.out_rows.offset(r), x + a.input_rows.offset(r), w.data(), a.hidden, a.epsilon,
+                           x + a.input_rows.offset(next), out + a.out_rows.offset(next));
   }
 }
 
-template <typename T, bool kHasWeight>
+template <typename T, WeightKind kKind>
 void fused_add_rms_norm_rows(const FusedAddRmsNormArgs& a, int64_t begin, int64_t end) {
   auto* out = static_cast<T*>(a.out);
   auto* residual_out = static_cast<T*>(a.residual_out);
   const auto* x = static_cast<const T*>(a.input);
   const auto* residual = static_cast<const T*>(a.residual);
-  const Fp32Weight<T> w(kHasWeight ? a.weight : nullptr, a.hidden);
+  const ChunkWeight<T, kKind> w(a.weight, a.hidden);
   for (const auto r : c10::irange(begin, end)) {
     const int64_t next = std::min(r + 1, end - 1);
-    fused_add_rms_norm_row<T, kHasWeight>(out + a.out_rows.offset(r), residual_out + a.residual_out_rows.offset(r),
-                                          x + a.input_rows.offset(r), residual + a.residual_rows.offset(r), w.data(),
-                                          a.hidden, a.epsilon, out + a.out_rows.offset(next),
-                                          residual_out + a.residual_out_rows.offset(next));
+    fused_add_rms_norm_row<T, kKind>(out + a.out_rows.offset(r), residual_out + a.residual_out_rows.offset(r),
+                                     x + a.input_rows.offset(r), residual + a.residual_rows.offset(r), w.data(),
+                                     a.hidden, a.epsilon, out + a.out_rows.offset(next),
+                                     residual_out + a.residual_out_rows.offset(next));
+  }
+}
+
+// The rows of [begin, end) with the weight kind of `a` (an fp32 weight of fp32 rows is of T).
+template <typename T, typename Args, typename Rows>
+void with_weight_kind(const Args& a, const Rows& rows) {
+  if (a.weight == nullptr) {
+    rows(std::integral_constant<WeightKind, WeightKind::kNone>{});
+  } else if (a.fp32_weight && !std::is_same_v<T, float>) {
+    rows(std::integral_constant<WeightKind, WeightKind::kFp32>{});
+  } else {
+    rows(std::integral_constant<WeightKind, WeightKind::kSame>{});
   }
 }
 
@@ -173,11 +193,7 @@ void fused_add_rms_norm_rows(const FusedAddRmsNormArgs& a, int64_t begin, int64_
 void rms_norm_kernel(const RmsNormArgs& args) {
   VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::rms_norm (cpu)", [&] {
     at::parallel_for(0, args.rows, grain_size(args.hidden), [&](int64_t begin, int64_t end) {
-      if (args.weight != nullptr) {
-        rms_norm_rows<scalar_t, true>(args, begin, end);
-      } else {
-        rms_norm_rows<scalar_t, false>(args, begin, end);
-      }
+      with_weight_kind<scalar_t>(args, [&](auto kind) { rms_norm_rows<scalar_t, decltype(kind)::value>(args, begin, end); });
     });
   });
 }
@@ -185,11 +201,8 @@ void rms_norm_kernel(const RmsNormArgs& args) {
 void fused_add_rms_norm_kernel(const FusedAddRmsNormArgs& args) {
   VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::fused_add_rms_norm (cpu)", [&] {
     at::parallel_for(0, args.rows, grain_size(args.hidden), [&](int64_t begin, int64_t end) {
-      if (args.weight != nullptr) {
-        fused_add_rms_norm_rows<scalar_t, true>(args, begin, end);
-      } else {
-        fused_add_rms_norm_rows<scalar_t, false>(args, begin, end);
-      }
+      with_weight_kind<scalar_t>(
+          args, [&](auto kind) { fused_add_rms_norm_rows<scalar_t, decltype(kind)::value>(args, begin, end); });
     });
   });
 }
@@ -233,6 +246,7 @@ void fused_add_rms_norm_out_cpu(at::Tensor& out, at::Tensor& residual_out, const
 }  // namespace vllm_ir_c
 
 TORCH_LIBRARY_FRAGMENT(vllm_ir_c, m) {
+  // out <- rms_norm(input, weight) (weight: input's dtype or float32, applied as vLLM 0.33 does).
   m.def("rms_norm(Tensor(a!) out, Tensor input, Tensor? weight, float epsilon) -> ()");
   // In place: residual <- input + residual, input <- rms_norm(that sum, in fp32) * weight.
   m.def("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor? weight, float epsilon) -> ()");

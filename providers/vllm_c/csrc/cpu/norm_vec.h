@@ -1,5 +1,5 @@
 // RMSNorm building blocks for the per-capability CPU kernels: the fp32 sum of squares of a row,
-// the inverse RMS from it, and the weight widened to fp32. Shared by cpu/layernorm.cpp and
+// the inverse RMS from it, the weight widened to fp32, and how the weight is applied. Shared by cpu/layernorm.cpp and
 // cpu/fused_quant.cpp so that the fused norm+quant kernels normalize rounding for rounding like
 // the norm kernels (and so like native).
 //
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -26,6 +27,39 @@ using fVec = at::vec::Vectorized<float>;
 using float_vec::kStep;
 using float_vec::load_float;
 using float_vec::store_float;
+
+// How the weight enters, vLLM's `y.to(weight.dtype) * weight` then `.to(x.dtype)` on the
+// normalized fp32 row y: no weight (y rounded to T once); a weight of T (y rounded to T, the
+// product rounded to T again); an fp32 weight (one fp32 multiply, one rounding to T; for an
+// fp32 T the two are the same).
+enum class WeightKind { kNone, kSame, kFp32 };
+
+// The normalized step (y0, y1: fp32) weighted as `kKind` says, as fp32 values; the caller's
+// store (or round_float<T>) makes the last rounding to T. `w` is the weight in fp32 (a weight
+// of T widened exactly, see Fp32Weight) at this step.
+template <typename T, WeightKind kKind>
+inline std::tuple<fVec, fVec> weighted(const fVec& y0, const fVec& y1, const float* w) {
+  if constexpr (kKind == WeightKind::kNone) {
+    return {y0, y1};
+  } else if constexpr (kKind == WeightKind::kSame) {
+    auto [n0, n1] = float_vec::round_float<T>(y0, y1);
+    return {n0 * fVec::loadu(w), n1 * fVec::loadu(w + fVec::size())};
+  } else {
+    return {y0 * fVec::loadu(w), y1 * fVec::loadu(w + fVec::size())};
+  }
+}
+
+// One element: the same, rounded to T.
+template <typename T, WeightKind kKind>
+inline T weighted(float y, const float* w, int64_t d) {
+  if constexpr (kKind == WeightKind::kNone) {
+    return static_cast<T>(y);
+  } else if constexpr (kKind == WeightKind::kSame) {
+    return static_cast<T>(static_cast<float>(static_cast<T>(y)) * w[d]);
+  } else {
+    return static_cast<T>(y * w[d]);
+  }
+}
 
 inline float inverse_rms(float sum_of_squares, int64_t hidden, float epsilon) {
   // Same operations as native: mean, + epsilon, rsqrt (all fp32).

@@ -3,8 +3,9 @@
 // schemas are defined by cpu/fused_quant.cpp).
 //
 // Same numerics as the CPU kernels and the op declarations (csrc/fused_quant.h): the row's
-// fp32 sum of squares, 1 / sqrt(mean + epsilon), the normalized value rounded to the input
-// dtype, the weight (rounded again unless it is fp32), then each group's scale
+// fp32 sum of squares, 1 / sqrt(mean + epsilon), the weight applied as vLLM 0.33 does (a
+// weight of the input dtype multiplies the normalized value rounded to that dtype; an fp32
+// weight the fp32 value), y rounded to the input dtype, then each group's scale
 // (group_scale: quant.h's group quant) and codes (quantize_fp8). SwiGLU rounds silu(gate) and
 // the product to the input dtype, as silu_and_mul does.
 //
@@ -56,11 +57,12 @@ __global__ void rms_norm_group_quant_kernel(RmsNormQuantArgs a) {
   const T* w_same = static_cast<const T*>(a.weight);
   const float* w_fp32 = static_cast<const float*>(a.weight);
   auto y_of = [&](float v, int64_t c) {
-    const float normed = round_to<T>(v * inv_rms);
+    const float normed = v * inv_rms;
     if (a.weight == nullptr) {
-      return normed;
+      return round_to<T>(normed);
     }
-    return a.fp32_weight ? normed * w_fp32[c] : round_to<T>(normed * static_cast<float>(w_same[c]));
+    return a.fp32_weight ? round_to<T>(normed * w_fp32[c])
+                         : round_to<T>(round_to<T>(normed) * static_cast<float>(w_same[c]));
   };
   const GroupScales& g = a.group;
   float* scales = g.scales + g.rows.offset(r);

@@ -2,9 +2,11 @@
 // other tensors): one thread block per row, and the torch side (CUDA registrations; the
 // schemas are defined by cpu/layernorm.cpp).
 //
-// Same numerics as the CPU kernels and the native op: fp32 accumulation, the row normalized in
-// fp32 and rounded to the input dtype before the weight multiply (itself rounded), and the
-// fused op normalizing the fp32 sum rather than the rounded residual it stores. Rows are read
+// Same numerics as the CPU kernels and the native op (vLLM 0.33's): fp32 accumulation, the row
+// normalized in fp32, then the weight applied in its own dtype (a weight of the input dtype
+// multiplies the value rounded to that dtype, rounded again; an fp32 weight the fp32 value,
+// rounded once), and the fused op normalizing the fp32 sum rather than the rounded residual it
+// stores. An fp32 weight with a 16-bit input is read one element at a time (it stays in L1/L2). Rows are read
 // twice (sum of squares, then scale); the second read hits L1/L2. Rows whose pointers and
 // strides allow it are moved in 16-byte packs.
 
@@ -29,10 +31,17 @@ namespace {
 
 using namespace cuda_common;
 
+// The weight of one element: none, of T (`same`), or fp32 (`w_fp32` is not null).
 template <typename T>
-__device__ T round_weighted(float normed, const T* w, int k, bool has_weight) {
-  const T y = static_cast<T>(normed);  // native rounds to the input dtype here ...
-  return has_weight ? static_cast<T>(static_cast<float>(y) * static_cast<float>(w[k])) : y;  // ... and here
+__device__ T weighted(float normed, bool has_weight, T same, const float* w_fp32, int64_t c) {
+  if (!has_weight) {
+    return static_cast<T>(normed);
+  }
+  if (w_fp32 != nullptr) {
+    return static_cast<T>(normed * w_fp32[c]);  // vLLM: y.to(float32) * weight, then .to(T)
+  }
+  // vLLM: y.to(T) * weight (an fp32 product of T values, rounded to T)
+  return static_cast<T>(static_cast<float>(static_cast<T>(normed)) * static_cast<float>(same));
 }
 
 template <typename T, int kPack>
@@ -41,8 +50,9 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
   const int64_t row = blockIdx.x;
   const P* x = reinterpret_cast<const P*>(static_cast<const T*>(a.input) + a.input_rows.offset(row));
   P* out = reinterpret_cast<P*>(static_cast<T*>(a.out) + a.out_rows.offset(row));
-  const P* w = static_cast<const P*>(a.weight);
-  const bool has_weight = w != nullptr;
+  const bool has_weight = a.weight != nullptr;
+  const P* w = a.fp32_weight ? nullptr : static_cast<const P*>(a.weight);
+  const float* w_fp32 = a.fp32_weight ? static_cast<const float*>(a.weight) : nullptr;
   const int64_t packs = a.hidden / kPack;
 
   float partial = 0.0f;
@@ -59,13 +69,13 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
   for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
     const P p = x[i];
     P wp;
-    if (has_weight) {
+    if (w != nullptr) {
       wp = w[i];
     }
     P y;
 #pragma unroll
     for (int k = 0; k < kPack; ++k) {
-      y.v[k] = round_weighted(static_cast<float>(p.v[k]) * scale, wp.v, k, has_weight);
+      y.v[k] = weighted(static_cast<float>(p.v[k]) * scale, has_weight, wp.v[k], w_fp32, i * kPack + k);
     }
     out[i] = y;
   }
@@ -81,8 +91,9 @@ __global__ void fused_add_rms_norm_kernel(FusedAddRmsNormArgs a) {
   const P* residual = reinterpret_cast<const P*>(static_cast<const T*>(a.residual) + a.residual_rows.offset(row));
   P* out = reinterpret_cast<P*>(static_cast<T*>(a.out) + a.out_rows.offset(row));
   P* residual_out = reinterpret_cast<P*>(static_cast<T*>(a.residual_out) + a.residual_out_rows.offset(row));
-  const P* w = static_cast<const P*>(a.weight);
-  const bool has_weight = w != nullptr;
+  const bool has_weight = a.weight != nullptr;
+  const P* w = a.fp32_weight ? nullptr : static_cast<const P*>(a.weight);
+  const float* w_fp32 = a.fp32_weight ? static_cast<const float*>(a.weight) : nullptr;
   const int64_t packs = a.hidden / kPack;
 
   // Pass 1 only reads: pass 2 recomputes the fp32 sum from both rows, since the stored
@@ -103,7 +114,7 @@ __global__ void fused_add_rms_norm_kernel(FusedAddRmsNormArgs a) {
     const P xp = x[i];
     const P rp = residual[i];
     P wp;
-    if (has_weight) {
+    if (w != nullptr) {
       wp = w[i];
     }
     P sum;
@@ -112,7 +123,7 @@ __global__ void fused_add_rms_norm_kernel(FusedAddRmsNormArgs a) {
     for (int k = 0; k < kPack; ++k) {
       const float s = static_cast<float>(xp.v[k]) + static_cast<float>(rp.v[k]);
       sum.v[k] = static_cast<T>(s);
-      y.v[k] = round_weighted(s * scale, wp.v, k, has_weight);
+      y.v[k] = weighted(s * scale, has_weight, wp.v[k], w_fp32, i * kPack + k);
     }
     residual_out[i] = sum;
     out[i] = y;
