@@ -49,14 +49,14 @@ class DonationError(VllmIrError, RuntimeError):
     """An activation donated to ``maybe_inplace`` is used again afterwards."""
 
 
-class KernelResultError(VllmIrError, TypeError):
-    """A kernel returned the wrong kind of result for its op: ``None``, the wrong number of
-    tensors, another dtype, shape or device than native's, or an input where a fresh tensor is owed."""
-
-
 class FallbackWarning(UserWarning):
     """A higher-priority provider declined a call and a lower one ran (``VLLM_IR_FALLBACK=warn``)."""
 
 
 class ProviderWarning(UserWarning):
     """A provider misbehaved (e.g. its predicate raised) and was skipped; shown once per op and provider."""
+
+
+class KernelResultError(VllmIrError, TypeError):
+    """A kernel returned the wrong kind of result for its op: ``None``, the wrong number of
+    tensors, another dtype, shape or device than native's, or an input where a fresh tensor is owed."""

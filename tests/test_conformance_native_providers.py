@@ -27,6 +27,9 @@ globals().update(
         dtypes=(torch.float32,),
         examples=5,
         compiled="under torch.compile the inductor provider runs the native function itself",
+        # Every token count of the check is another Inductor compile (~10 s an op here).
+        batch_invariance="Inductor compiles per batch size: pytest --vllm-ir-conformance "
+        "--vllm-ir-provider inductor -k batch_invariance checks it (minutes)",
     )
 )
 

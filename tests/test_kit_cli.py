@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,45 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     return vllm_ir.ops.rms_norm.fn(x, weight, epsilon, variance_size)
 """
 
+#: One deliberately broken provider per kind of wrong result, plus a false batch-invariance claim.
+BROKEN = {
+    "tp_kit_none": """
+        @vllm_ir.ops.rms_norm.register_impl("tp_kit_none")
+        def rms_norm(x, weight, epsilon, variance_size=None):
+            ...  # the README's provider example before its body is written
+    """,
+    "tp_kit_arity": """
+        @vllm_ir.ops.fused_add_rms_norm.register_impl("tp_kit_arity")
+        def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
+            return vllm_ir.ops.fused_add_rms_norm.fn(x, x_residual, weight, epsilon, variance_size)[0]
+    """,
+    "tp_kit_dtype": """
+        @vllm_ir.ops.rms_norm.register_impl("tp_kit_dtype")
+        def rms_norm(x, weight, epsilon, variance_size=None):
+            return vllm_ir.ops.rms_norm.fn(x, weight, epsilon, variance_size).float()
+    """,
+    "tp_kit_shape": """
+        @vllm_ir.ops.rms_norm.register_impl("tp_kit_shape")
+        def rms_norm(x, weight, epsilon, variance_size=None):
+            return vllm_ir.ops.rms_norm.fn(x, weight, epsilon, variance_size).unsqueeze(0)
+    """,
+    "tp_kit_alias": """
+        @vllm_ir.ops.rms_norm.register_impl("tp_kit_alias")
+        def rms_norm(x, weight, epsilon, variance_size=None):
+            return x.copy_(vllm_ir.ops.rms_norm.fn(x, weight, epsilon, variance_size))
+    """,
+    "tp_kit_variant": """
+        @vllm_ir.ops.rms_norm.register_impl("tp_kit_variant", batch_invariant=True)
+        def rms_norm(x, weight, epsilon, variance_size=None):
+            # Small batches another way: within tolerance, but a row's bits depend on the batch size.
+            out = vllm_ir.ops.rms_norm.fn(x, weight, epsilon, variance_size)
+            small = x.dim() > 1 and x.shape[0] < 8
+            if small and out.dtype in (torch.float32, torch.float64):
+                return torch.nextafter(out, torch.full_like(out, float("inf")))  # one ulp up
+            return out
+    """,
+}
+
 FAST = ("--vllm-ir-small", "--vllm-ir-examples", "2", "--vllm-ir-skip-compile")
 
 
@@ -53,13 +94,17 @@ def site(tmp_path_factory) -> Path:
     make_dist(root, "tp-kit-acme", ACME)
     make_dist(root, "tp-kit-wrong", WRONG)
     make_dist(root, "tp-kit-picky", PICKY, version="2.5.0")
+    for name, body in BROKEN.items():
+        make_dist(root, name.replace("_", "-"), "import torch\nimport vllm_ir\n" + textwrap.dedent(body))
+    make_dist(root, "tp-kit-entry", ACME.replace("tp_kit_acme", "tp_kit_entry_provider"), entry="tp_kit_entry")
     return root
 
 
 def kit(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-    env["VLLM_IR_PROVIDERS"] = "tp_kit_acme,tp_kit_wrong,tp_kit_picky"  # the repo's providers stay out: fast
+    # The repo's providers stay out: fast.
+    env["VLLM_IR_PROVIDERS"] = ",".join(["tp_kit_acme", "tp_kit_wrong", "tp_kit_picky", "tp_kit_entry", *BROKEN])
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--vllm-ir-conformance", *args],
         capture_output=True,
@@ -160,3 +205,87 @@ def test_under_xdist_the_tallies_and_report_are_the_serial_ones(site, tmp_path):
     serial, parallel = runs["serial"], runs["xdist"]
     assert parallel["cases_run"] == serial["cases_run"] > 0
     assert parallel["ops"]["rms_norm"]["passed"] == serial["ops"]["rms_norm"]["passed"]
+
+
+EXPECTED = {
+    "tp_kit_none": ("rms_norm numerics", "the kernel returned None; native returns "),
+    "tp_kit_arity": ("fused_add_rms_norm numerics", "the kernel returned 1 output(s), native returns 2"),
+    "tp_kit_dtype": ("rms_norm numerics", "the output is float32["),
+    "tp_kit_shape": ("rms_norm numerics", "native's is "),
+    "tp_kit_alias": ("rms_norm numerics", "shares memory with argument 'x' where op(...) owes a fresh tensor"),
+    "tp_kit_variant": ("rms_norm batch_invariance", "differs between a 37-token batch and"),
+}
+
+
+@pytest.fixture(scope="module")
+def broken_run(site, tmp_path_factory) -> subprocess.CompletedProcess:
+    """One kit run over every broken provider (numerics and batch invariance only)."""
+    providers = [arg for name in BROKEN for arg in ("--vllm-ir-provider", name)]
+    where = tmp_path_factory.mktemp("broken")
+    return kit(site, where, *providers, *FAST, "-k", "numerics and not property or batch_invariance")
+
+
+@pytest.mark.parametrize("provider", sorted(EXPECTED))
+def test_each_kind_of_wrong_result_fails_with_op_provider_and_what(broken_run, provider):
+    what, message = EXPECTED[provider]
+    assert broken_run.returncode == 1
+    summary = broken_run.stdout[broken_run.stdout.index("vllm-ir conformance") :].splitlines()
+    blocks = {}  # (op check, provider) -> the failure's message lines, then its re-run line
+    for i, line in enumerate(summary):
+        if line.startswith("    ") and not line.startswith("     ") and line.strip().endswith(":"):
+            end = next(j for j in range(i + 1, len(summary)) if summary[j].strip().startswith("re-run:"))
+            blocks[(line.strip().split(":")[0], summary[end].split("--vllm-ir-provider ")[1].split()[0])] = (
+                " ".join(s.strip() for s in summary[i + 1 : end]),
+                summary[end].strip(),
+            )
+    text, rerun = blocks[(what, provider)]
+    assert message in text and f"provider {provider!r}" in text, text
+    assert rerun.startswith("re-run: pytest --vllm-ir-conformance --vllm-ir-provider " + provider)
+
+
+def test_the_summary_fits_a_screen_and_tracebacks_are_off(broken_run):
+    out = broken_run.stdout
+    summary = out[out.index("vllm-ir conformance") :].splitlines()
+    # Per provider: the worst-case line, its counts line, and two lines per failing (op, check).
+    assert len(summary) <= 10 * len(BROKEN), "\n".join(summary)
+    assert "Traceback" not in out and "def rms_norm" not in out  # --tb=no unless asked for
+    assert all(len(line) <= 200 for line in summary if not line.strip().startswith("re-run:"))
+
+
+def test_a_re_run_command_runs_exactly_that_case(site, broken_run, tmp_path):
+    lines = broken_run.stdout.splitlines()
+    (command,) = [line.split("re-run: ", 1)[1] for line in lines if "re-run:" in line and "tp_kit_variant" in line]
+    argv = shlex.split(command)
+    assert argv[0] == "pytest"
+    result = kit(site, tmp_path, *argv[2:])  # kit() adds pytest and --vllm-ir-conformance
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "1 failed" in result.stdout.splitlines()[-1] and "passed" not in result.stdout.splitlines()[-1]
+
+
+def test_an_entry_point_name_is_not_a_provider_name(site, tmp_path):
+    result = kit(site, tmp_path, "--vllm-ir-provider", "tp_kit_entry", *FAST)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert "'tp_kit_entry': that is the entry point of tp-kit-entry, not a provider name" in result.stderr
+    assert "tp_kit_entry_provider" in result.stderr
+
+
+def test_property_cases_are_seeded_and_the_seed_is_printed(site, tmp_path):
+    runs = [
+        kit(
+            site,
+            tmp_path,
+            "--vllm-ir-provider",
+            "tp_kit_picky",
+            "--vllm-ir-small",
+            "--vllm-ir-examples",
+            "3",
+            "--vllm-ir-skip-compile",
+            "-k",
+            "numerics_property",
+            *extra,
+        )  # fmt: skip
+        for extra in ((), ("--vllm-ir-explore",))
+    ]
+    assert all(r.returncode == 0 for r in runs), runs[0].stdout[-2000:]
+    assert "property-based cases: seed 0 (the default; --vllm-ir-seed 0 replays them)" in runs[0].stdout
+    assert "drawn by --vllm-ir-explore" in runs[1].stdout

@@ -165,7 +165,11 @@ for name in ("rms_norm", "fused_add_rms_norm"):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         torch.manual_seed(1)
         args = op.generate_inputs(num_tokens=9, hidden_size=80, dtype=dtype)
-        for variant in (args, args[:-2] + (None, args[-1]), args + (40,)):
+        w = args[-2]
+        # weight of x's dtype, none, variance_size, an fp32 weight, a bf16 weight (vLLM applies
+        # the weight in its own dtype and returns x's)
+        for variant in (args, args[:-2] + (None, args[-1]), args + (40,), args[:-2] + (w.float(), args[-1]),
+                        args[:-2] + (w.bfloat16(), args[-1])):
             a, b = op.impls["native"].impl_fn(*variant), getattr(vllm_ir.ops, name).fn(*variant)
             same.append(all(torch.equal(u, v) for u, v in zip(as_tuple(a), as_tuple(b))))
 out["natives_equal"] = same
@@ -183,12 +187,15 @@ for name in ("rms_norm", "fused_add_rms_norm"):
     op = IrOp.registry[name]
     native = op.impls["native"].impl_fn
     for provider in CPU_PROVIDERS:
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for dtype, weight_dtype in ((torch.float32, None), (torch.bfloat16, None), (torch.float16, None),
+                                    (torch.bfloat16, torch.float32), (torch.float16, torch.float32)):
             for tokens, hidden in ((1, 64), (7, 96)):
                 if provider == "vllm_ir_inductor" and (dtype == torch.float16 or tokens == 1):
                     continue  # each is one more Inductor compile (seconds); fp32/bf16 cover it
                 torch.manual_seed(0)
                 args = op.generate_inputs(num_tokens=tokens, hidden_size=hidden, dtype=dtype)
+                if weight_dtype is not None:  # the Hugging Face case: 16-bit x, fp32 weight
+                    args = args[:-2] + (args[-2].to(weight_dtype), args[-1])
                 want = native(*args)
                 del CALLS[:]
                 with op.set_priority([provider, "native"]):
@@ -198,7 +205,8 @@ for name in ("rms_norm", "fused_add_rms_norm"):
                 ok = True
                 for g, w in zip(as_tuple(got), as_tuple(want)):
                     ok = ok and g.dtype == w.dtype and torch.allclose(g.float(), w.float(), **tol)
-                out["cases"].append([name, provider, str(dtype), tokens, chosen, ok, [list(c) for c in CALLS]])
+                out["cases"].append([name, provider, f"{dtype}/{weight_dtype}", tokens, chosen, ok,
+                                     [list(c) for c in CALLS]])
 # vLLM's donating overload runs the in-place kernel on the donated tensors.
 op = IrOp.registry["fused_add_rms_norm"]
 x, r, w, eps = op.generate_inputs(num_tokens=3, hidden_size=64, dtype=torch.float32)
@@ -207,7 +215,7 @@ with op.set_priority(["vllm_ir_vllm_c", "native"]):
     y, res = op.maybe_inplace(x, r, w, eps)
 out["inplace"] = [y.data_ptr() == x.data_ptr(), res.data_ptr() == r.data_ptr(),
                   torch.allclose(y, want[0], **op.get_tolerance(torch.float32))]
-# Mixed weight dtype: vLLM casts to x's dtype, vllm-ir promotes: declined, with the reason logged.
+# Mixed weight dtype: the same semantics as vLLM's, so every CPU provider takes it.
 op = IrOp.registry["rms_norm"]
 x, w, eps = op.generate_inputs(num_tokens=2, hidden_size=64, dtype=torch.bfloat16)
 out["mixed"] = []
@@ -239,11 +247,12 @@ def test_vllm_plugin_loader_activates_the_bridge_and_our_kernels_match_vllm_nati
     # vllm_c registers both forms of fused_add_rms_norm: vLLM gets the in-place one, flagged so.
     assert out["impls"]["fused_add_rms_norm"]["vllm_ir_vllm_c"][1] is True
     assert out["impls"]["rms_norm"]["vllm_ir_vllm_c"][1] is False
-    assert "gelu_and_mul_sparse" in state["skipped"]
+    assert "gelu_and_mul_sparse" not in state["skipped"]  # bridged: tested by test_vllm_gelu_and_mul_sparse_*
     assert out["priority_after_load"] == {"rms_norm": [], "fused_add_rms_norm": [], "gelu_and_mul_sparse": []}
-    assert out["natives_equal"] == [True] * 18
+    assert out["natives_equal"] == [True] * 30
     assert out["ours"] == ["vllm_c", True, True]
-    assert len(out["cases"]) == 2 * (2 * 3 * 2 + 2)
+    # aten and vllm_c: 5 dtype/weight pairs x 2 shapes; inductor: 3 pairs x 1 shape; two ops
+    assert len(out["cases"]) == 2 * (2 * 5 * 2 + 3)
     for name, provider, dtype, tokens, chosen, ok, calls in out["cases"]:
         case = (name, provider, dtype, tokens)
         assert chosen == provider, case
@@ -253,15 +262,70 @@ def test_vllm_plugin_loader_activates_the_bridge_and_our_kernels_match_vllm_nati
         if name == "fused_add_rms_norm" and ours == "vllm_c":
             assert calls == [[name, ours, "inplace_fn"]], calls  # functional call: vLLM cloned, then in place
     assert out["inplace"] == [True, True, True]
-    assert out["mixed"] == ["native"] * len(CPU_PROVIDERS)
+    assert out["mixed"] == list(CPU_PROVIDERS)  # bf16 x with an fp32 weight: no decline
     declined = [msg for _, level, msg in out["logs"] if level == "DEBUG" and "declines" in msg]
-    for provider in CPU_PROVIDERS:
-        assert any(f"{provider} declines: weight dtype torch.float32 differs" in m for m in declined), declined
+    assert not [m for m in declined if "weight dtype" in m], declined
     assert out["unsupported_priority"] == ["native"]
     assert any("not supported here" in msg for _, level, msg in out["logs"] if level == "DEBUG")
     broken = out["records"]["broken"]
     assert broken[0] == "failed" and "libbroken.so" in broken[1], broken
     assert any(level == "WARNING" and "'broken' not bridged" in msg for _, level, msg in out["logs"])
+
+
+SPARSE = """
+record_kernels()
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm_ir import vllm_bridge
+import vllm_ir
+op = IrOp.registry["gelu_and_mul_sparse"]
+native = op.impls["native"].impl_fn
+out = {"registered": vllm_bridge.state.registered.get("gelu_and_mul_sparse"), "natives_equal": [], "cases": []}
+# vLLM's generator (tanh; Gemma 3n's multiplier), the erf form, another sparsity, a 3-D batch,
+# an odd width and a row slice of a wider buffer.
+def calls():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for tokens, hidden in ((1, 64), (9, 80), (5, 199)):
+            torch.manual_seed(tokens)
+            x, m, approximate = op.generate_inputs(num_tokens=tokens, hidden_size=hidden, dtype=dtype)
+            yield x, m, approximate
+            yield x, m, "none"
+            yield x, 0.6744897501960817, approximate
+        yield x.reshape(5, 1, -1), m, approximate
+        yield torch.randn(4, 3 * 160, dtype=dtype)[:, :320], m, "none"
+for args in calls():
+    out["natives_equal"].append(torch.equal(native(*args), vllm_ir.ops.gelu_and_mul_sparse.fn(*args)))
+for provider in ("vllm_ir_vllm_c",):
+    for args in calls():
+        want = native(*args)
+        del CALLS[:]
+        with op.set_priority([provider, "native"]):
+            chosen = op.dispatch(*args).provider
+            got = op(*args)
+        both_nan = got.isnan() & want.isnan()
+        exact = torch.equal(got[~both_nan], want[~both_nan])
+        close = got.dtype == want.dtype and torch.allclose(got.float(), want.float(), **op.get_tolerance(want.dtype))
+        out["cases"].append([provider, str(args[0].dtype), list(args[0].shape), args[2], chosen, exact, close,
+                             [list(c) for c in CALLS]])
+print(json.dumps(out))
+"""
+
+
+def test_vllm_gelu_and_mul_sparse_runs_our_providers_with_vllm_native_semantics(bridge_python):
+    """vLLM 0.33's third IR op: our declaration is vLLM's native function bit for bit, and
+    ``vllm.ir.ops.gelu_and_mul_sparse`` with a bridged provider first runs our kernel (16-bit:
+    native's bits; fp32: within vLLM's tolerance)."""
+    out = run_script(bridge_python, SPARSE)
+    assert {"vllm_ir_vllm_c", "vllm_ir_triton"} <= set(out["registered"]), out["registered"]
+    assert out["natives_equal"] == [True] * 33
+    assert len(out["cases"]) == 33
+    for provider, dtype, shape, approximate, chosen, exact, close, calls in out["cases"]:
+        case = (provider, dtype, shape, approximate)
+        assert chosen == provider, case
+        assert calls == [["gelu_and_mul_sparse", "vllm_c", "fn"]], (case, calls)
+        assert close, case
+        if dtype != "torch.float32":
+            assert exact, case
 
 
 COMPILE = """

@@ -8,7 +8,8 @@ float32 result for a bf16 call, its input back -- would hand the caller a wrong 
 far from the cause. `check_result` names the op, the provider and the mismatch instead.
 
 Eager dispatch checks the first call of each decision (`checked_once`), never the calls
-answered from the cache after it; lowering checks every traced kernel on fake values.
+answered from the cache after it; lowering checks every traced kernel on fake values; the
+conformance kit checks every case it runs.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ class _FakeResult:
 
 def check_result(
     op: IrOp, impl: IrOpImpl, result: Any, args: Sequence[Any], *, functional: bool, expected: Any | None = None
-) -> None:
+) -> bool:
     """Raise `KernelResultError` if ``result`` is not the kind of result ``op`` owes for ``args``.
+
+    Returns whether the check was conclusive: False when native's result could not be computed
+    on fake tensors or an output is empty (an alias of an empty tensor cannot be seen).
 
     :param functional: the default overload ran (outputs must not alias inputs native's don't);
         False for ``maybe_inplace``, whose kernel may return its donated activations.
@@ -77,22 +81,36 @@ def check_result(
     who = f"op {op.name!r}, provider {impl.provider!r}"
     want = expected if expected is not None else expected_result(op, args)
     outputs = _flat(result)
-    if outputs is None or not all(isinstance(o, torch.Tensor) for o in outputs):
+    known = want is not None and want.outputs is not None
+    # A tuple may hold None where native's does (e.g. no residual); nothing else but tensors.
+    allowed = [o is None for o in want.outputs] if known and outputs is not None else None
+    if outputs is None or not all(
+        isinstance(o, torch.Tensor) or (o is None and (allowed is None or (i < len(allowed) and allowed[i])))
+        for i, o in enumerate(outputs)
+    ):
         got = _describe(result) if outputs is None else ", ".join(_describe(o) for o in outputs)
-        shape = "a tensor" if want is None or want.outputs is None or len(want.outputs) == 1 else "a tuple of tensors"
-        raise KernelResultError(f"{who}: the kernel returned {got}, expected {shape} (as native returns)")
-    if want is None or want.outputs is None:
-        return
+        native = ", ".join(_describe(o) for o in want.outputs) if known else None
+        expected = f"native returns {native}" if native else "expected a tensor or a tuple of tensors"
+        raise KernelResultError(f"{who}: the kernel returned {got}; {expected}")
+    if not known:
+        if functional:
+            _check_fresh(who, list(op.signature.parameters), outputs, [False] * len(outputs), args)
+        return False
     if len(outputs) != len(want.outputs):
         raise KernelResultError(
-            f"{who}: the kernel returned {len(outputs)} tensor(s), native returns {len(want.outputs)}"
+            f"{who}: the kernel returned {len(outputs)} output(s), native returns {len(want.outputs)}"
         )
     for i, (got, exp) in enumerate(zip(outputs, want.outputs, strict=True)):
         what = f"output {i}" if len(outputs) > 1 else "the output"
+        if (got is None) != (exp is None):
+            raise KernelResultError(f"{who}: {what} is {_describe(got)}, native's is {_describe(exp)}")
+        if got is None:
+            continue
         if got.dtype != exp.dtype or _shapes_differ(got, exp) or got.device.type != exp.device.type:
             raise KernelResultError(f"{who}: {what} is {_describe(got)}, native's is {_describe(exp)}")
     if functional:
         _check_fresh(who, list(op.signature.parameters), outputs, want.aliased, args)
+    return all(o.numel() for o in outputs if o is not None)
 
 
 def _shapes_differ(got: torch.Tensor, exp: torch.Tensor) -> bool:
@@ -111,7 +129,7 @@ def check_traced(op: IrOp, impl: IrOpImpl, traced: Any, expected: Any) -> None:
 
 
 def _check_fresh(
-    who: str, names: list[str], outputs: list[torch.Tensor], native_aliases: list[bool], args: Sequence[Any]
+    who: str, names: list[str], outputs: list[torch.Tensor | None], native_aliases: list[bool], args: Sequence[Any]
 ) -> None:
     """The default overload owes fresh outputs: none may share memory with an argument (where native's doesn't)."""
     inputs = {
@@ -120,7 +138,7 @@ def _check_fresh(
         if isinstance(a, torch.Tensor) and a.numel() and a.device.type != "meta"
     }
     for i, (out, native_alias) in enumerate(zip(outputs, native_aliases, strict=True)):
-        if native_alias or not out.numel() or out.device.type == "meta":
+        if native_alias or out is None or not out.numel() or out.device.type == "meta":
             continue
         if out.untyped_storage().data_ptr() in inputs:
             what = f"output {i}" if len(outputs) > 1 else "the output"
@@ -133,7 +151,10 @@ def _check_fresh(
 def checked_once(
     op: IrOp, impl: IrOpImpl, runner: Callable[..., Any], *, functional: bool, settle: Callable[[], None]
 ) -> Callable[..., Any]:
-    """``runner`` behind a check of its first result; ``settle()`` then swaps the plain runner in.
+    """``runner`` behind a check of its results until one check is conclusive; ``settle()`` then
+    swaps the plain runner in. A decision covers every call its cache key matches (for a provider
+    without a predicate, every call in a priority scope), so this is a first-call check, not a
+    per-call one; the conformance kit checks every case.
 
     A result that fails the check raises `KernelResultError` and does not settle, so every
     later call of that decision raises the same way rather than returning garbage.
@@ -141,8 +162,8 @@ def checked_once(
 
     def first_call(*args: Any) -> Any:
         result = runner(*args)
-        check_result(op, impl, result, args, functional=functional)
-        settle()
+        if check_result(op, impl, result, args, functional=functional):
+            settle()
         return result
 
     return first_call

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # The kit's summary gives each failure's message and a re-run command; tracebacks on request (--tb).
     if getattr(config.option, "tbstyle", "auto") == "auto":
         config.option.tbstyle = "no"
+        if not any(a.startswith("-r") for a in config.invocation_params.args):
+            config.option.reportchars = "E"  # the failures are in the kit's summary, with re-run commands
     # Without explicit paths pytest would collect the current folder: run the kit alone.
     if config.args == [str(config.invocation_params.dir)]:
         config.args[:] = [str(_SUITE)]
@@ -276,9 +279,10 @@ def _rerun(run: _Run, report: pytest.TestReport) -> str:
     import shlex
 
     test = report.nodeid.split("::", 1)[1]
+    meta = run.tests.get(report.nodeid) or _meta_of(report.nodeid)
     parts = ["pytest", "--vllm-ir-conformance"]
-    for name in run.providers:
-        parts += ["--vllm-ir-provider", name]
+    if meta is not None:
+        parts += ["--vllm-ir-provider", meta[0]]
     device = run.config.getoption("--vllm-ir-device")
     if device != "cpu":
         parts += ["--vllm-ir-device", device]
@@ -418,12 +422,15 @@ def _failure_lines(run: _Run, provider: str, tally: _Tally, width: int) -> list[
         for failure in counts["failures"]:
             by_check.setdefault(failure["check"], []).append(failure)
         for check, failures in by_check.items():
-            worst = max(failures, key=lambda f: _ratio_of(f["message"]))
+            # The worst numerics case; else the first failure with elements (an empty case says little).
+            worst = max(failures, key=lambda f: (_ratio_of(f["message"]), not (f["case"] or "").startswith("0x")))
             ran = counts.get("checks", {}).get(check, {}).get("ran", len(failures))
-            first = worst["message"].splitlines()[0] if worst["message"] else "failed"
-            head = f"    {op_name} {check}: {len(failures)} of {ran} failed; worst {worst['case'] or op_name}: "
-            room = max(40, width - len(head))
-            lines.append(head + (first if len(first) <= room else first[: room - 3] + "..."))
+            first = (worst["message"].splitlines() or ["failed"])[0].removeprefix("vllm_ir.errors.")
+            lines.append(
+                f"    {op_name} {check}: {len(failures)} of {ran} failed; worst case {worst['case'] or op_name}:"
+            )
+            lines += textwrap.wrap(first, max(60, width), initial_indent="      ", subsequent_indent="      ",
+                                   max_lines=3, placeholder=" ... (--vllm-ir-report has it all)")  # fmt: skip
             lines.append(f"      re-run: {worst['rerun']}")
     return lines
 

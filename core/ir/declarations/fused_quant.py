@@ -1,8 +1,10 @@
 """RMSNorm / SwiGLU fused with FP8 quantization: the targets of the norm+quant fusions.
 
 Each op's native function is exactly the composition of the existing ops' native functions
-(shared/OPS.md 4.7): the norm (or activation) result is rounded to the model dtype, then
-quantized as `static_quant_fp8` / `dynamic_quant_fp8` / `dynamic_group_quant_fp8` would
+(shared/OPS.md 4.7): the norm (or activation) result is rounded to the model dtype (the
+norm's weight applied as vLLM 0.33's `rms_norm` applies it: ``y.to(weight.dtype) * weight``,
+then x's dtype, so an fp32 weight with bf16 x is one fp32 multiply and one rounding to bf16),
+then quantized as `static_quant_fp8` / `dynamic_quant_fp8` / `dynamic_group_quant_fp8` would
 (groups of 128 or 64 for DeepSeek-V3 / Qwen style block FP8, UE8M0 and column-major scales
 included), so a fusion that rewrites
 ``quant(norm(x))`` into one of these ops never changes a value under the native provider.
