@@ -749,6 +749,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     tune.add_argument("--rounds", type=_positive_int, default=None, help="timing rounds per figure (default: 5)")
     tune.add_argument("--force", action="store_true", help="write the table even when the machine was busy")
+    tune.add_argument(
+        "--json", dest="json_file", metavar="FILE", default=None, help="write the figures the table learns from to FILE"
+    )
     tune.set_defaults(func=cmd_tune)
     return parser
 

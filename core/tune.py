@@ -170,6 +170,9 @@ def main(args: Any) -> int:
         raise UsageError("nothing to tune: no named op has a provider besides native here")
     out = args.out or (os.environ.get(tuning.ENV_TUNING, "").split(os.pathsep)[0] or DEFAULT_OUT)
     check_writable("--out", out)
+    json_file = getattr(args, "json_file", None)
+    if json_file:
+        check_writable("--json", json_file)
     report = bench.run(
         [op.name for op in ops],
         providers=args.providers,
@@ -182,6 +185,9 @@ def main(args: Any) -> int:
         rounds=rounds,
         variants=False,
     )
+    if json_file:
+        with open(json_file, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
     wrong = [r for r in report["results"] if r["status"] in ("wrong", "error")]
     entries, lines = build_entries(report)
     busy = busy_reason(report)

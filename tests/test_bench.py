@@ -6,6 +6,7 @@ import json
 
 from tests.plugin_dists import make_dist
 from tests.test_cli import run
+from vllm_ir import ops
 
 OFF_BY_A_LOT = """
 import vllm_ir
@@ -28,12 +29,13 @@ def test_bench_reports_figures_winner_and_dispatch(tmp_path):
     report = json.loads(out.read_text())
     assert report["copy_bandwidth_gbps"] > 0
     rows = report["results"]
-    assert {(r["op"], r["provider"], r["tokens"]) for r in rows} == {
-        (op, p, t) for op in ("rms_norm", "fused_add_rms_norm") for p in ("native", "aten") for t in (1, 4)
+    cases = [(op, v) for op in ("rms_norm", "fused_add_rms_norm") for v in ("default", *getattr(ops, op).benchmark_variants)]
+    assert {(r["op"], r["variant"], r["provider"], r["tokens"]) for r in rows} == {
+        (op, v, p, t) for op, v in cases for p in ("native", "aten") for t in (1, 4)
     }
     assert all(r["status"] == "ok" and r["median_us"] > 0 and r["gbps"] > 0 for r in rows)
     assert "rms_norm [tokens, 64]" in result.stdout and "winner" in result.stdout
-    assert "[1/8] rms_norm float32 [1, 64]" in result.stderr  # progress
+    assert f"[1/{len(cases) * 4}] rms_norm float32 [1, 64]" in result.stderr  # progress
 
 
 def test_wrong_kernel_is_reported_not_timed_and_fails_the_run(tmp_path):

@@ -251,7 +251,7 @@ def test_a_provider_winning_only_inside_the_noise_does_not_displace_the_incumben
 def test_tune_writes_a_table_that_the_layer_reads(tmp_path):
     out = tmp_path / "t.json"
     args = ("tune", "rms_norm", "--providers", "native,aten", "--dtype", "float32", "--tokens", "1,64",
-            "--hidden", "64", "--quick", "--rounds", "3", "--out", str(out))  # fmt: skip
+            "--hidden", "64", "--quick", "--rounds", "3", "--out", str(out), "--json", str(tmp_path / "f.json"))  # fmt: skip
     result = run(tmp_path, *args, env={"VLLM_IR_PROVIDERS": "aten"})
     busy = "the machine was busy" in result.stderr
     assert result.returncode == (2 if busy else 0), result.stderr
@@ -266,3 +266,5 @@ def test_tune_writes_a_table_that_the_layer_reads(tmp_path):
     assert doc["machine"]["isa"] == torch.backends.cpu.get_cpu_capability()
     for e in parsed.entries:
         assert e.providers[-1] == "native" and e.measured and e.hidden == 64
+    figures = json.loads((tmp_path / "f.json").read_text())["results"]  # what the table learned from
+    assert {(r["provider"], r["tokens"]) for r in figures} == {(p, t) for p in ("native", "aten") for t in (1, 64)}

@@ -13,11 +13,12 @@
   constant is sqrt(2/pi) to ten digits): ``torch.nn.functional.gelu(x, approximate="tanh")``
   for float32 x. 16-bit x is declined: the ops are vLLM's expressions rounded to x's dtype
   after every step, where F.gelu rounds once (outside bf16's tolerance for ~50 inputs).
-- ``fused_add_rms_norm`` is in place: the new residual is written into ``x_residual`` and the
-  normalized sum into ``x``. The norm is of the float32 sum, as the op says (not of the
-  residual rounded to x's dtype, which overflows fp16 where the fp32 sum does not): float32
-  rows are summed in place, 16-bit rows through one float32 temporary of the sum; the norm
-  then is ``rms_norm``'s above, on that fp32 sum. ``variance_size`` is declined.
+- ``fused_add_rms_norm`` is in place, for float32 x: the sum is written into ``x_residual``
+  and its squares into ``x`` (no activation-sized allocation), then the op's own steps in its
+  order, so native's bits. 16-bit x is declined: the op normalizes the float32 sum (not the
+  residual rounded to x's dtype, which overflows fp16 where the fp32 sum does not), and ATen
+  ops can hold it only in float32 temporaries, which an in-place kernel may not allocate.
+  ``variance_size`` is declined.
 
 Both decline what native computes differently or broadcasts (and ATen's kernels reject):
 float64 (native computes in fp32, so a float64 kernel differs by ~1 fp32 ulp, far beyond the
@@ -101,6 +102,11 @@ def _fused_supports(
 ):
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
+    if x.dtype != torch.float32 and x.dtype in DTYPES:
+        return vllm_ir.Unsupported(
+            f"{x.dtype} x: the op normalizes the float32 sum, which ATen ops hold only in float32 "
+            "temporaries twice x's size (not in place; native computes the same)"
+        )
     if x_residual.dtype != x.dtype:
         return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
     if x_residual.device != x.device:
@@ -116,17 +122,16 @@ def _fused_supports(
 def fused_add_rms_norm(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    if x.dtype == torch.float32:
-        total = x_residual.add_(x)  # the fp32 sum is the new residual
-    else:
-        total = x.to(torch.float32).add_(x_residual)  # the fp32 sum (one temporary) ...
-        x_residual.copy_(total)  # ... rounded once: the new residual
-    # The norm of the fp32 sum. A weight of x's dtype multiplies the norm rounded to x's dtype
-    # (as the op does); any other weight is applied by `_normed` (total is fp32).
-    if weight is not None and weight.dtype == x.dtype:
-        x.copy_(torch.nn.functional.rms_norm(total, (x.shape[-1],), None, epsilon)).mul_(weight)
-    else:
-        x.copy_(_normed(total, weight, epsilon))
+    total = x_residual.add_(x)  # float32 (see _fused_supports): the sum is the new residual
+    squares = torch.mul(total, total, out=x)  # x's values are in the sum: x holds the squares
+    # The op's own steps, in its order (native's bits): mean of squares, + eps, rsqrt, multiply.
+    # No rsqrt_(): Inductor has no lowering for it (under CI=1 its ATen fallback is an error).
+    rstd = squares.mean(dim=-1, keepdim=True).add_(epsilon).rsqrt()
+    torch.mul(total, rstd, out=x)
+    if weight is not None and weight.dtype == torch.float32:
+        x.mul_(weight)
+    elif weight is not None:
+        x.copy_(x.to(weight.dtype).mul_(weight))  # half x's size: vLLM's multiply in the weight's dtype
     return x, x_residual
 
 

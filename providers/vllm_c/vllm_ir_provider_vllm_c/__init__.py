@@ -13,8 +13,14 @@ are registered as unsupported with that reason, which ``vllm-ir providers list``
 
 Op families are found, not listed: every public module of this package (a name without a
 leading underscore) is imported and its ``register(status)`` called; its optional
-``EAGER_FIRST`` maps platform names to the ops for which ``vllm_c`` goes first in eager mode.
-Adding an op therefore adds files (csrc/cpu/<op>.cpp, csrc/cuda/<op>.cu, <op>.py) and edits none.
+``EAGER_FIRST`` maps platform names to the ops for which ``vllm_c`` goes first in eager mode
+where no measured table speaks (see `vllm_ir_tuning_tables`). Adding an op therefore adds files
+(csrc/cpu/<op>.cpp, csrc/cuda/<op>.cu, <op>.py) and edits none.
+
+Eager order comes from measurement first: ``tuning/*.json`` are ``vllm-ir tune`` tables
+(``--providers vllm_c,native``) measured on the machines they name; each applies only where its
+machine facts hold (platform, CPU capability or GPU, this package's version), above the
+defaults below. The ``EAGER_FIRST`` lists are the defaults for machines no table was measured on.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import ModuleType
 
 from vllm_ir.hookspecs import hookimpl
@@ -36,6 +43,7 @@ __all__ = [
     "cpu_capability",
     "vllm_ir_default_priority",
     "vllm_ir_provider_facts",
+    "vllm_ir_tuning_tables",
 ]
 
 
@@ -90,3 +98,14 @@ def vllm_ir_default_priority(platform, mode: str) -> Mapping[str, Sequence[str]]
         return None
     ops = [op for family in FAMILIES for op in getattr(family, "EAGER_FIRST", {}).get(platform.name, ())]
     return {op: [PROVIDER] for op in ops} or None
+
+
+#: The shipped tuning tables (package data).
+TABLES = Path(__file__).with_name("tuning")
+
+
+@hookimpl
+def vllm_ir_tuning_tables(platform) -> Sequence[str] | None:
+    """Every table this package ships: each names the machine facts it was measured under, and
+    the tuning layer applies only those that hold here (so all are offered on every platform)."""
+    return sorted(str(p) for p in TABLES.glob("*.json")) or None

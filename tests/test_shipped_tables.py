@@ -1,0 +1,82 @@
+"""The tuning tables providers ship: every one parses and names only registered ops and
+providers; where one was measured on this machine's facts, a fresh process with nothing
+configured dispatches by it (vllm_c for the six fused norm/activation + FP8 quant ops).
+
+Nothing is measured here: the tables are `vllm-ir tune` output checked into the providers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import vllm_ir
+from vllm_ir import plugins
+from vllm_ir.ir import tuning
+
+FUSED_QUANT = (
+    "rms_norm_static_fp8_quant",
+    "fused_add_rms_norm_static_fp8_quant",
+    "rms_norm_dynamic_per_token_fp8_quant",
+    "rms_norm_group_fp8_quant",
+    "silu_and_mul_static_fp8_quant",
+    "silu_and_mul_group_fp8_quant",
+)
+
+SHIPPED = plugins.tuning_facts().shipped
+
+
+def test_providers_ship_tables():
+    assert any(origin.startswith("provider vllm_c") for origin, _path in SHIPPED), SHIPPED
+
+
+@pytest.mark.parametrize(("origin", "path"), SHIPPED, ids=[os.path.basename(p) for _o, p in SHIPPED])
+def test_every_shipped_table_parses_and_names_registered_ops_and_providers(origin, path):
+    table, findings = tuning.read_table(path, origin)
+    assert table is not None and not findings, [f.message for f in findings]
+    assert table.entries, f"{path}: no entries"
+    with open(path, encoding="utf-8") as f:
+        assert len(json.load(f)["entries"]) == len(table.entries)  # none dropped as overlapping
+    for e in table.entries:
+        op = getattr(vllm_ir.ops, e.op)
+        unknown = [p for p in e.providers if p not in op.impls]
+        assert not unknown, f"{path}: {e.op} orders {unknown}, which implement nothing for it"
+        assert e.providers[-1] == "native", f"{path}: {e.op} {e.range_text()} does not close with native"
+        us = {m.provider: m.us for m in e.measured}
+        assert set(us) >= set(e.providers), f"{path}: {e.op}: a provider it orders was not measured"
+        assert us[e.providers[0]] < 1.5 * min(us.values()), f"{path}: {e.op} {e.range_text()}: first is slow {us}"
+
+
+def _applicable() -> list[str]:
+    here = tuning.machine_facts(vllm_ir.current_platform().name)
+    return [p for o, p in SHIPPED if (t := tuning.read_table(p, o)[0]) and not tuning.machine_mismatch(t.machine, here)]
+
+
+def test_a_fresh_process_dispatches_the_fused_quant_ops_to_vllm_c_by_the_shipped_table():
+    if "vllm_c" not in vllm_ir.ops.rms_norm_static_fp8_quant.impls:
+        pytest.skip("vllm_c is not installed")
+    applicable = _applicable()
+    if not applicable:
+        pytest.skip(f"no shipped table was measured on this machine's facts ({tuning.machine_facts('cpu')})")
+    script = f"""
+import json, torch, vllm_ir
+out = {{}}
+for name in {FUSED_QUANT!r}:
+    op = getattr(vllm_ir.ops, name)
+    for dtype in (torch.float32, torch.bfloat16):
+        for t in (1, 16, 256):
+            args = op.generate_inputs((t, 4096), dtype)
+            first = op.explain(*args).verdicts[0]
+            out[f"{{name}} {{dtype}} T={{t}}"] = [op.dispatch(*args).provider, first.layer.name]
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    chosen = json.loads(result.stdout.splitlines()[-1])
+    wrong = {case: got for case, got in chosen.items() if got != ["vllm_c", "TUNING"]}
+    assert not wrong, f"tables {applicable}: {wrong}"
