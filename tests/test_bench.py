@@ -60,3 +60,30 @@ def test_plot_writes_a_png_or_says_why(tmp_path):
         assert not png.exists()
     else:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+ONE_STEP_SCALES = """
+import torch
+import vllm_ir
+from torch import Tensor
+
+@vllm_ir.ops.silu_and_mul_group_fp8_quant.register_impl("tp_step")
+def silu_and_mul_group_fp8_quant(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    q, scales = vllm_ir.ops.silu_and_mul_group_fp8_quant.fn(x, group_size, column_major, use_ue8m0, fp8_dtype)
+    return q, scales * (1 + torch.finfo(x.dtype).eps / 2)  # the absmax one bf16 step away: allowed
+"""
+
+
+def test_bench_judges_scales_as_the_kit_does(tmp_path):
+    """A dynamic scale is the absmax of values rounded to x's dtype: one step of that dtype is
+    within the op's scale tolerance in the kit, and so in bench (it once compared scales at the
+    float32 tolerance and called such a kernel WRONG)."""
+    make_dist(tmp_path, "tp-step", ONE_STEP_SCALES)
+    out = tmp_path / "r.json"
+    result = run(tmp_path, "bench", "silu_and_mul_group_fp8_quant", "--providers", "native,tp_step",
+                 "--dtype", "bfloat16", "--tokens", "2", "--hidden", "256", "--quick", "--json", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = {r["provider"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["tp_step"]["status"] == "ok", rows["tp_step"]

@@ -92,6 +92,8 @@ def test_wheels_hold_only_what_belongs(wheels):
         assert any(n.endswith("entry_points.txt") for n in names), dist
         # Compiled parts: vllm_c's kernels and the core's eager lookup, both built for this torch.
         assert any(n.endswith(".so") for n in names) == (dist in ("vllm-ir", "vllm-ir-provider-vllm-c")), dist
+    vllm_c = zipfile.ZipFile(found["vllm_ir_provider_vllm_c"]).namelist()
+    assert any(n.startswith("vllm_ir_provider_vllm_c/tuning/") and n.endswith(".json") for n in vllm_c)  # shipped tables
     core = zipfile.ZipFile(found["vllm_ir"])
     assert "vllm_ir/py.typed" in core.namelist()
     assert any(n.startswith("vllm_ir/_fast_lookup.") and n.endswith(".so") for n in core.namelist())
