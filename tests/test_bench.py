@@ -29,7 +29,8 @@ def test_bench_reports_figures_winner_and_dispatch(tmp_path):
     report = json.loads(out.read_text())
     assert report["copy_bandwidth_gbps"] > 0
     rows = report["results"]
-    cases = [(op, v) for op in ("rms_norm", "fused_add_rms_norm") for v in ("default", *getattr(ops, op).benchmark_variants)]
+    names = ("rms_norm", "fused_add_rms_norm")
+    cases = [(op, v) for op in names for v in ("default", *getattr(ops, op).benchmark_variants)]
     assert {(r["op"], r["variant"], r["provider"], r["tokens"]) for r in rows} == {
         (op, v, p, t) for op, v in cases for p in ("native", "aten") for t in (1, 4)
     }

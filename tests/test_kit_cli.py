@@ -283,7 +283,7 @@ def test_property_cases_are_seeded_and_the_seed_is_printed(site, tmp_path):
             "-k",
             "numerics_property",
             *extra,
-        )  # fmt: skip
+        )
         for extra in ((), ("--vllm-ir-explore",))
     ]
     assert all(r.returncode == 0 for r in runs), runs[0].stdout[-2000:]

@@ -94,7 +94,9 @@ for name in {FUSED_QUANT!r}:
             out[f"{{name}} {{dtype}} T={{t}}"] = [op.dispatch(*args).provider, first.layer.name]
 print(json.dumps(out))
 """
-    result = subprocess.run([sys.executable, "-c", script], env=_clean_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=_clean_env(), capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     chosen = json.loads(result.stdout.splitlines()[-1])
     wrong = {case: got for case, got in chosen.items() if got[0] != "vllm_c"}

@@ -251,7 +251,8 @@ def test_a_provider_winning_only_inside_the_noise_does_not_displace_the_incumben
 def test_tune_writes_a_table_that_the_layer_reads(tmp_path):
     out = tmp_path / "t.json"
     args = ("tune", "rms_norm", "--providers", "native,aten", "--dtype", "float32", "--tokens", "1,64",
-            "--hidden", "64", "--quick", "--rounds", "3", "--out", str(out), "--json", str(tmp_path / "f.json"))  # fmt: skip
+            "--hidden", "64", "--quick", "--rounds", "3", "--out", str(out),
+            "--json", str(tmp_path / "f.json"))  # fmt: skip
     result = run(tmp_path, *args, env={"VLLM_IR_PROVIDERS": "aten"})
     busy = "the machine was busy" in result.stderr
     assert result.returncode == (2 if busy else 0), result.stderr

@@ -93,7 +93,7 @@ def test_wheels_hold_only_what_belongs(wheels):
         # Compiled parts: vllm_c's kernels and the core's eager lookup, both built for this torch.
         assert any(n.endswith(".so") for n in names) == (dist in ("vllm-ir", "vllm-ir-provider-vllm-c")), dist
     vllm_c = zipfile.ZipFile(found["vllm_ir_provider_vllm_c"]).namelist()
-    assert any(n.startswith("vllm_ir_provider_vllm_c/tuning/") and n.endswith(".json") for n in vllm_c)  # shipped tables
+    assert any(n.startswith("vllm_ir_provider_vllm_c/tuning/") and n.endswith(".json") for n in vllm_c)  # tables
     core = zipfile.ZipFile(found["vllm_ir"])
     assert "vllm_ir/py.typed" in core.namelist()
     assert any(n.startswith("vllm_ir/_fast_lookup.") and n.endswith(".so") for n in core.namelist())
