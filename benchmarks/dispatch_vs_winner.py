@@ -34,7 +34,7 @@ def main() -> int:
         if clear and picks != best["provider"]:
             mismatched += 1
             print(f"dispatch != winner: {key}: dispatch {picks}, {figures}")
-    print(f"{len(cases)} cases; dispatch != a clear winner: {mismatched}; dispatch >= 1.5x slower than the winner: {slow}")
+    print(f"{len(cases)} cases; dispatch != a clear winner: {mismatched}; dispatch >= 1.5x slower: {slow}")
     return 1 if mismatched or slow else 0
 
 
