@@ -255,9 +255,12 @@ def test_vllm_plugin_loader_activates_the_bridge_and_our_kernels_match_vllm_nati
     assert len(out["cases"]) == 2 * (2 * 5 * 2 + 3)
     for name, provider, dtype, tokens, chosen, ok, calls in out["cases"]:
         case = (name, provider, dtype, tokens)
-        assert chosen == provider, case
         assert ok, case  # within vLLM's own tolerance for the dtype, output dtype equal
         ours = provider.removeprefix("vllm_ir_")
+        if name == "fused_add_rms_norm" and ours == "aten" and not dtype.startswith("torch.float32"):
+            assert chosen == "native" and not calls, case  # aten declines 16-bit x (its fp32 sum is not in place)
+            continue
+        assert chosen == provider, case
         assert calls and all(c[0] == name and c[1] == ours for c in calls), (case, calls)
         if name == "fused_add_rms_norm" and ours == "vllm_c":
             assert calls == [[name, ours, "inplace_fn"]], calls  # functional call: vLLM cloned, then in place
