@@ -365,9 +365,8 @@ def test_vllm_references_are_importable_without_vllms_dependencies(comparison):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="open (issue 38): vllm_c fused_add_rms_norm fp32 1 ulp (sum order), quick_gelu 16-bit step rounding, "
-    "gelu_new/gelu_fast on aten, gelu_and_mul_sparse fp32 on vllm_c, inductor bf16 weight; "
-    "python -m tests.test_vllm_reference lists them",
+    reason="open (issue 38): vllm_c fused_add_rms_norm fp32 1 ulp (sum order), gelu_and_mul_sparse fp32 on "
+    "vllm_c 1 ulp; python -m tests.test_vllm_reference lists them",
 )
 def test_the_ops_vllm_declares_compute_what_vllm_computes_on_every_cpu_provider(comparison):
     rows = [r for r in comparison["results"] if r[0] in VLLM_IR_OPS]
@@ -378,8 +377,8 @@ def test_the_ops_vllm_declares_compute_what_vllm_computes_on_every_cpu_provider(
 
 @pytest.mark.xfail(
     strict=False,
-    reason="open (issue 38): vllm_c fused_add_rms_norm fp32 1 ulp (sum order), quick_gelu 16-bit step rounding, "
-    "gelu_new/gelu_fast on aten, gelu_and_mul_sparse fp32 on vllm_c, inductor bf16 weight; "
+    reason="open (issue 38): quick_gelu 16-bit step rounding (native, vllm_c), gelu_new/gelu_fast on aten and "
+    "vllm_c, fp32 quant scales 1 ulp on vllm_c, group quant's reciprocal; "
     "python -m tests.test_vllm_reference lists them",
 )
 def test_every_other_shared_op_matches_vllm_or_documents_why(comparison):

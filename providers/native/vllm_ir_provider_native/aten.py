@@ -15,7 +15,8 @@
   after every step, where F.gelu rounds once (outside bf16's tolerance for ~50 inputs).
 - ``fused_add_rms_norm`` is in place, for float32 x: the sum is written into ``x_residual``
   and its squares into ``x`` (no activation-sized allocation), then the op's own steps in its
-  order, so native's bits. 16-bit x is declined: the op normalizes the float32 sum (not the
+  order, so native's bits (a strided x or residual goes through the op's own temporaries: the
+  mean sums in the order of their layout). 16-bit x is declined: the op normalizes the float32 sum (not the
   residual rounded to x's dtype, which overflows fp16 where the fp32 sum does not), and ATen
   ops can hold it only in float32 temporaries, which an in-place kernel may not allocate.
   ``variance_size`` is declined.
@@ -122,8 +123,12 @@ def _fused_supports(
 def fused_add_rms_norm(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    total = x_residual.add_(x)  # float32 (see _fused_supports): the sum is the new residual
-    squares = torch.mul(total, total, out=x)  # x's values are in the sum: x holds the squares
+    if x.is_contiguous() and x_residual.is_contiguous():
+        total = x_residual.add_(x)  # float32 (see _fused_supports): the sum is the new residual
+        squares = torch.mul(total, total, out=x)  # x's values are in the sum: x holds the squares
+    else:  # strided: the op's own temporaries, whose layout fixes the order its mean sums in
+        total = x_residual.copy_(summed := x + x_residual)
+        squares = summed.pow(2)
     # The op's own steps, in its order (native's bits): mean of squares, + eps, rsqrt, multiply.
     # No rsqrt_(): Inductor has no lowering for it (under CI=1 its ATen fallback is an error).
     rstd = squares.mean(dim=-1, keepdim=True).add_(epsilon).rsqrt()
