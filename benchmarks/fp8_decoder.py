@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import vllm_ir
 from tests.compile_models import compile_with_passes, passes_always_run
+from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
 from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 ops = vllm_ir.ops
@@ -73,14 +74,7 @@ UNFUSED_OPS = (
     "dynamic_quant_fp8",
     "dynamic_group_quant_fp8",
 )
-FUSED_OPS = (
-    "rms_norm_static_fp8_quant",
-    "fused_add_rms_norm_static_fp8_quant",
-    "rms_norm_dynamic_per_token_fp8_quant",
-    "rms_norm_group_fp8_quant",
-    "silu_and_mul_static_fp8_quant",
-    "silu_and_mul_group_fp8_quant",
-)
+FUSED_OPS = tuple(op.name for op in FUSED_QUANT_OPS)
 PRIORITIES: dict[str, dict[str, list[str]] | None] = {
     "unfused": {**{op: ["vllm_c"] for op in UNFUSED_OPS}, **{op: ["native"] for op in FUSED_OPS}},
     "fused": {op: ["vllm_c"] for op in UNFUSED_OPS + FUSED_OPS},

@@ -170,7 +170,7 @@ def main(args: Any) -> int:
         raise UsageError("nothing to tune: no named op has a provider besides native here")
     out = args.out or (os.environ.get(tuning.ENV_TUNING, "").split(os.pathsep)[0] or DEFAULT_OUT)
     check_writable("--out", out)
-    json_file = getattr(args, "json_file", None)
+    json_file = args.json_file
     if json_file:
         check_writable("--json", json_file)
     report = bench.run(

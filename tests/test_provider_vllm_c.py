@@ -23,6 +23,7 @@ import torch
 
 import vllm_ir
 from vllm_ir import platforms
+from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
 
 provider = pytest.importorskip(
     "vllm_ir_provider_vllm_c",
@@ -72,9 +73,7 @@ def test_default_priority_puts_vllm_c_first_in_eager_mode_only():
     activations += ["gelu_new", "gelu_fast", "quick_gelu", "relu2"]
     activations.append("gelu_and_mul_sparse")
     quant = ("static_quant_fp8", "dynamic_quant_fp8", "dynamic_group_quant_fp8")
-    fused_quant = [f"rms_norm_{k}_fp8_quant" for k in ("static", "dynamic_per_token", "group")]
-    fused_quant += ["fused_add_rms_norm_static_fp8_quant"]
-    fused_quant += [f"silu_and_mul_{k}_fp8_quant" for k in ("static", "group")]
+    fused_quant = [op.name for op in FUSED_QUANT_OPS]
     assert contribution == {
         "rms_norm": ["vllm_c"],
         "fused_add_rms_norm": ["vllm_c"],

@@ -16,15 +16,9 @@ import pytest
 
 import vllm_ir
 from vllm_ir.ir import tuning
+from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
 
-FUSED_QUANT = (
-    "rms_norm_static_fp8_quant",
-    "fused_add_rms_norm_static_fp8_quant",
-    "rms_norm_dynamic_per_token_fp8_quant",
-    "rms_norm_group_fp8_quant",
-    "silu_and_mul_static_fp8_quant",
-    "silu_and_mul_group_fp8_quant",
-)
+FUSED_QUANT = tuple(op.name for op in FUSED_QUANT_OPS)
 
 #: What an installed process sees (the tests' own processes load no plugin): the shipped tables
 #: and every op's implementations.

@@ -16,10 +16,10 @@
 - ``fused_add_rms_norm`` is in place, for float32 x: the sum is written into ``x_residual``
   and its squares into ``x`` (no activation-sized allocation), then the op's own steps in its
   order, so native's bits (a strided x or residual goes through the op's own temporaries: the
-  mean sums in the order of their layout). 16-bit x is declined: the op normalizes the float32 sum (not the
-  residual rounded to x's dtype, which overflows fp16 where the fp32 sum does not), and ATen
-  ops can hold it only in float32 temporaries, which an in-place kernel may not allocate.
-  ``variance_size`` is declined.
+  mean sums in the order of their layout). 16-bit x is declined: the op normalizes the float32
+  sum (not the residual rounded to x's dtype, which overflows fp16 where the fp32 sum does
+  not), and ATen ops can hold it only in float32 temporaries, which an in-place kernel may not
+  allocate. ``variance_size`` is declined.
 
 Both decline what native computes differently or broadcasts (and ATen's kernels reject):
 float64 (native computes in fp32, so a float64 kernel differs by ~1 fp32 ulp, far beyond the
@@ -127,7 +127,8 @@ def fused_add_rms_norm(
         total = x_residual.add_(x)  # float32 (see _fused_supports): the sum is the new residual
         squares = torch.mul(total, total, out=x)  # x's values are in the sum: x holds the squares
     else:  # strided: the op's own temporaries, whose layout fixes the order its mean sums in
-        total = x_residual.copy_(summed := x + x_residual)
+        summed = x + x_residual
+        total = x_residual.copy_(summed)
         squares = summed.pow(2)
     # The op's own steps, in its order (native's bits): mean of squares, + eps, rsqrt, multiply.
     # No rsqrt_(): Inductor has no lowering for it (under CI=1 its ATen fallback is an error).

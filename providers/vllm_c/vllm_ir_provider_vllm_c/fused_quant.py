@@ -27,6 +27,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Unsupported
+from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
 
 from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
 
@@ -35,16 +36,7 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 #: The eager default on a CPU no shipped table was measured on (tuning/*.json decides where one
 #: was): `vllm-ir bench --quick` on a 2-vCPU AVX-512 AMD EPYC measured vllm_c 4-12x faster than
 #: native for all six (issue 33: rms_norm_static_fp8_quant bf16 T=16 12.9 against 87.9 us).
-EAGER_FIRST = {
-    "cpu": (
-        "rms_norm_static_fp8_quant",
-        "fused_add_rms_norm_static_fp8_quant",
-        "rms_norm_dynamic_per_token_fp8_quant",
-        "rms_norm_group_fp8_quant",
-        "silu_and_mul_static_fp8_quant",
-        "silu_and_mul_group_fp8_quant",
-    )
-}
+EAGER_FIRST = {"cpu": tuple(op.name for op in FUSED_QUANT_OPS)}
 
 
 def register(status: ExtensionStatus) -> None:
