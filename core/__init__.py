@@ -22,6 +22,7 @@ from vllm_ir.errors import (
 )
 from vllm_ir.hookspecs import hookimpl
 from vllm_ir.ir import declarations as _declarations  # noqa: F401  (registers the core ops)
+from vllm_ir.ir import priority as _priority_module
 from vllm_ir.ir.comparison import Comparison
 from vllm_ir.ir.decision_cache import dispatch_stats, reset_dispatch_stats
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
@@ -31,6 +32,7 @@ from vllm_ir.ir.priority import (
     PriorityLayer,
     clear_priority,
     priority,
+    reference,
     reload_env,
     set_priority,
 )
@@ -49,9 +51,20 @@ from vllm_ir.plugins import (
 
 _log.configure_from_env()
 _plugins.install()
+if _priority_module.process_traced:  # VLLM_IR_TRACE=1
+    from vllm_ir import tracing as _tracing
+
+    _tracing.start_process_trace()
 
 #: Loaded on first use: the compile pipeline imports Inductor, which ``import vllm_ir`` must not pay for.
-_LAZY = {"compile": "vllm_ir.passes", "inductor_options": "vllm_ir.passes", "passes": "vllm_ir.passes"}
+_LAZY = {
+    "compile": "vllm_ir.passes",
+    "inductor_options": "vllm_ir.passes",
+    "passes": "vllm_ir.passes",
+    "trace": "vllm_ir.tracing",
+    "Trace": "vllm_ir.tracing",
+    "TraceExportError": "vllm_ir.tracing",
+}
 
 
 def __getattr__(name: str):
@@ -105,7 +118,11 @@ __all__ = [
     "ops_implemented_by",
     "priority",
     "register_op",
+    "reference",
     "reload_env",
     "reset_dispatch_stats",
     "set_priority",
+    "trace",
+    "Trace",
+    "TraceExportError",
 ]

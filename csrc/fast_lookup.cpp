@@ -30,6 +30,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <algorithm>
 #include <utility>
@@ -259,6 +260,9 @@ PyObject* Lookup_lookup(PyObject* op, PyObject* const* args, Py_ssize_t nargs) {
   }
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
     Py_RETURN_NONE;  // tracing or a dispatch mode: the call must reach the torch op
+  }
+  if (torch::profiler::impl::profilerEnabled()) {
+    Py_RETURN_NONE;  // a profiler records this thread: Python runs the kernel in a named range
   }
   // torch.compiler.is_compiling() without the Python call (Dynamo itself is checked before
   // this call, by the generated entry point).

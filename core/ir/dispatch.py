@@ -22,7 +22,8 @@ import torch
 from vllm_ir.ir import fast_lookup
 from vllm_ir.ir.aliasing import precise_donation_conflict
 from vllm_ir.ir.cache_key import bucket, first_token_count, freeze, tensor_facts
-from vllm_ir.ir.priority import current_scope
+from vllm_ir.ir.observe import profiler_enabled
+from vllm_ir.ir.priority import current_scope, labelled_scope
 from vllm_ir.log import get_logger
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ def build_entry_points(
         "_fx_tracing": torch.fx._symbolic_trace.is_fx_symbolic_tracing,
         "_grad_enabled": torch.is_grad_enabled,
         "_scope": current_scope,
+        "_profiling": profiler_enabled,
+        "_labelled_scope": labelled_scope,
         "_cache": cache.decisions,
         "_fixed": cache.fixed,
         "_bad_arguments": lambda args: check_arguments(op, args),
@@ -210,6 +213,8 @@ def _python_path(name: str, signature: str, call: str, key: str, traced: str, gr
         f"    if _grad_enabled() and _needs_grad({call}):\n"
         f"        return {grad}\n"
         f"    _vi_scope = _scope()\n"
+        f"    if _profiling():\n"
+        f"        _vi_scope = _labelled_scope(_vi_scope)\n"
         f"    _vi_d = _fixed.get(_vi_scope)\n"
         f"    if _vi_d is None:\n"
         f"        _vi_key = {key}\n"

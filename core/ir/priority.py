@@ -75,6 +75,8 @@ class EntryStatus(str, enum.Enum):
     NOT_INSTALLED = "not installed"
     NOT_BATCH_INVARIANT = "not batch-invariant"
     UNREACHABLE = "unreachable"
+    #: Reference mode (`reference`): every op runs native.
+    REFERENCE = "reference mode"
 
 
 @dataclass(frozen=True)
@@ -109,25 +111,93 @@ class Settings:
     config_source: str = "config"
     #: What was ignored (malformed, unknown) or names something this machine lacks.
     findings: tuple[Finding, ...] = ()
+    #: ``VLLM_IR_REFERENCE=1``: every op runs native (`reference`).
+    reference: bool = False
 
 
 class _Scope:
-    """An interned stack of scoped priority lists; hashed by identity for cheap cache keys."""
+    """An interned stack of scoped priority lists and switches; hashed by identity for cheap cache keys.
 
-    __slots__ = ("__weakref__", "lists")
+    The switches change what a decision runs, so decisions are cached per scope like the lists:
+    ``traced`` (inside `vllm_ir.trace`: kernels run behind a recorder), ``labelled`` (a profiler
+    is active: kernels run inside a named profiler range) and ``reference`` (`vllm_ir.reference`:
+    every op runs native). A scope with none of them and no lists is ``None``.
+    """
 
-    def __init__(self, lists: tuple[tuple[str, tuple[str, ...]], ...]):
+    __slots__ = ("__weakref__", "labelled", "lists", "reference", "traced")
+
+    def __init__(
+        self,
+        lists: tuple[tuple[str, tuple[str, ...]], ...],
+        traced: bool = False,
+        labelled: bool = False,
+        reference: bool = False,
+    ):
         self.lists = lists  # innermost first
+        self.traced = traced
+        self.labelled = labelled
+        self.reference = reference
 
     def lists_for(self, op_name: str) -> Iterator[tuple[str, ...]]:
         for name, providers in self.lists:
             if name == op_name:
                 yield providers
 
+    @property
+    def switches(self) -> tuple[bool, bool, bool]:
+        return (self.traced, self.labelled, self.reference)
 
-#: The innermost ``priority()`` scope; read by the eager hot path (also from C, see fast_lookup).
-scope_var: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vllm_ir_priority_scope", default=None)
+
+def interned_scope(
+    lists: tuple[tuple[str, tuple[str, ...]], ...], switches: tuple[bool, bool, bool] = (False, False, False)
+) -> _Scope | None:
+    """The one scope object for these lists and switches (None for the plain, empty scope)."""
+    if not lists and not any(switches):
+        return None
+    key = (lists, switches)
+    scope = _interned_scopes.get(key)
+    if scope is None:
+        with registry.lock:  # one _Scope per stack: decision caches are keyed by its identity
+            scope = _interned_scopes.setdefault(key, _Scope(lists, *switches))
+    return scope
+
+
+def with_switches(
+    scope: _Scope | None, *, traced: bool | None = None, labelled: bool | None = None, reference: bool | None = None
+) -> _Scope | None:
+    """``scope`` with some switches changed (None: kept)."""
+    old = scope.switches if scope is not None else (False, False, False)
+    new = tuple(o if n is None else n for o, n in zip(old, (traced, labelled, reference), strict=True))
+    return interned_scope(scope.lists if scope is not None else (), new)  # type: ignore[arg-type]
+
+
+#: Scopes as a running profiler sees them (`labelled_scope`).
+_labelled: dict[_Scope | None, _Scope | None] = {}
+
+
+def labelled_scope(scope: _Scope | None) -> _Scope | None:
+    """The variant of ``scope`` whose decisions run inside named profiler ranges."""
+    hit = _labelled.get(scope)
+    if hit is None:
+        hit = _labelled.setdefault(scope, with_switches(scope, labelled=True))
+    return hit
+
+
 _interned_scopes: dict[tuple, _Scope] = {}
+
+
+def _initial_scope() -> _Scope | None:
+    """``VLLM_IR_TRACE=1`` traces the whole process: every context starts in a traced scope."""
+    if env.read_bool(env.ENV_TRACE, False):
+        return interned_scope((), (True, False, False))
+    return None
+
+
+_initial = _initial_scope()
+#: ``VLLM_IR_TRACE=1``: `vllm_ir.tracing` keeps one trace for the whole process.
+process_traced = _initial is not None
+#: The innermost ``priority()`` scope; read by the eager hot path (also from C, see fast_lookup).
+scope_var: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vllm_ir_priority_scope", default=_initial)
 _global: dict[str, tuple[str, ...]] = {}
 _defaults_source: DefaultsSource | None = None
 #: (op, mode) -> providers set from code by `set_default`: replace the hooks' defaults of that op.
@@ -261,16 +331,49 @@ def priority(**op_priorities: Sequence[str]) -> Iterator[None]:
     """
     new = tuple((op, _validate(op, providers, "priority()")) for op, providers in op_priorities.items())
     outer = scope_var.get()
-    lists = new + (outer.lists if outer is not None else ())
-    scope = _interned_scopes.get(lists)
-    if scope is None:
-        with registry.lock:  # one _Scope per stack: decision caches are keyed by its identity
-            scope = _interned_scopes.setdefault(lists, _Scope(lists))
+    if outer is None:
+        scope = interned_scope(new)
+    else:
+        scope = interned_scope(new + outer.lists, outer.switches)
     token = scope_var.set(scope)
     try:
         yield
     finally:
         scope_var.reset(token)
+
+
+@contextlib.contextmanager
+def switched(*, traced: bool | None = None, reference: bool | None = None) -> Iterator[None]:
+    """Run the block in the current scope with some switches changed (see `_Scope`)."""
+    token = scope_var.set(with_switches(scope_var.get(), traced=traced, reference=reference))
+    try:
+        yield
+    finally:
+        scope_var.reset(token)
+
+
+def reference_reason(scope: _Scope | None = None) -> str | None:
+    """Why every op runs native here (``VLLM_IR_REFERENCE=1`` or `vllm_ir.reference`), or None."""
+    if scope is not None and scope.reference:
+        return "pinned to native by vllm_ir.reference()"
+    if settings().reference:
+        return f"pinned to native by {env.ENV_REFERENCE}=1"
+    return None
+
+
+@contextlib.contextmanager
+def reference() -> Iterator[None]:
+    """Run every op native, eager and in graphs compiled inside the block: the first thing to try
+    when a model's output looks wrong (if it is then right, a kernel is to blame)::
+
+        with vllm_ir.reference():
+            expected = model(x)
+
+    A graph compiled before the block keeps the kernels it was lowered to; set
+    ``VLLM_IR_REFERENCE=1`` to pin a whole process, compiles included.
+    """
+    with switched(reference=True):
+        yield
 
 
 def resolve(
@@ -315,6 +418,7 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None, tuned: TuningEntry | No
         raw += [PriorityEntry(p, PriorityLayer.DEFAULT, src) for p, src in defaults]
     raw.append(PriorityEntry(NATIVE, PriorityLayer.DEFAULT, "always last"))
 
+    pinned = reference_reason(scope)
     seen: set[str] = set()
     entries: list[ResolvedEntry] = []
     candidates: list[tuple[IrOpImpl, PriorityEntry]] = []
@@ -338,6 +442,8 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None, tuned: TuningEntry | No
         elif mode == "compile" and not impl.lowerable:
             reason = reason_of(impl.lowerable, "cannot be traced into compiled graphs here")
             entries.append(ResolvedEntry(entry, EntryStatus.UNSUPPORTED, f"under compile: {reason}"))
+        elif pinned is not None and impl.provider != NATIVE:
+            entries.append(ResolvedEntry(entry, EntryStatus.REFERENCE, pinned))
         elif st.batch_invariant and not impl.batch_invariant and impl.provider != NATIVE:
             entries.append(
                 ResolvedEntry(
@@ -472,6 +578,13 @@ def _read_env(environ: Mapping[str, str]) -> Settings:
         except ConfigError as exc:
             state = "on" if batch_invariant else "off"
             findings.append(_ignored(exc.finding, f"{ENV_BATCH_INVARIANT} is ignored, so batch invariance is {state}"))
+    reference = False
+    value = env.raw(env.ENV_REFERENCE, environ)
+    if value is not None:
+        try:
+            reference = env.parse_bool(env.ENV_REFERENCE, value)
+        except ConfigError as exc:
+            findings.append(_ignored(exc.finding, f"{env.ENV_REFERENCE} is ignored, so reference mode is off"))
     op_priority, notes = _parse_priority(environ.get(ENV_PRIORITY, ""), ENV_PRIORITY)
     findings += notes
     config_priority: dict[str, dict[str, tuple[str, ...]]] = {}
@@ -491,6 +604,7 @@ def _read_env(environ: Mapping[str, str]) -> Settings:
         config_priority=config_priority,
         config_source=site.source,
         findings=tuple(findings),
+        reference=reference,
     )
 
 
@@ -517,4 +631,7 @@ def _validate(op_name: str, providers: Sequence[str] | None, source: str) -> tup
                 f"{source}: unknown provider {p!r} for op {op_name!r}; "
                 f"known providers of {op_name}: {', '.join(sorted(op.impls))}"
             )
+    unsupported = [p for p in out if not op.impls[p].supported]
+    if unsupported:  # said once and listed by doctor, as the same list in VLLM_IR_OP_PRIORITY is
+        env.report(source, check_names(op_name, unsupported, source)[1])
     return out

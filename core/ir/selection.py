@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vllm_ir.errors import PredicateError, ProviderWarning
+from vllm_ir.ir import observe, results, tuning
 from vllm_ir.ir import priority as _priority
-from vllm_ir.ir import results, tuning
 from vllm_ir.ir.fallback import user_stacklevel
 from vllm_ir.ir.impl import NATIVE, IrOpImpl, Unsupported, reason_of
 from vllm_ir.ir.priority import EntryStatus, Mode, PriorityLayer, current_scope
@@ -146,7 +146,10 @@ def decide(op: IrOp, args: Sequence[Any], mode: Mode = "eager", scope: Any = Non
             cacheable = cacheable and impl.cacheable
         verdict = ask(impl, args)
         if verdict:
-            return make_decision(op, impl, tuple(skipped), cacheable)
+            decision = make_decision(op, impl, tuple(skipped), cacheable)
+            if mode == "eager" and scope is not None and (scope.traced or scope.labelled):
+                decision = observe.observed(op, decision, traced=scope.traced, labelled=scope.labelled)
+            return decision
         skipped.append((impl.provider, reason_of(verdict, "declined by supports_args")))
     raise AssertionError(f"op {op.name!r}: the native implementation must close every priority list")
 

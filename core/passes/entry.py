@@ -132,6 +132,7 @@ class IrPipelinePass(CustomInferenceAwareGraphPass):
         publish(report)
 
     def _fuse(self, graph: fx.Graph, report: GraphReport) -> None:
+        report.fusions_requested = [f.name for f in self.fusion.fusions]
         before = len(report.fusions)
         self._timed("fusion", self.fusion, graph, report)
         for done in report.fusions[before:]:

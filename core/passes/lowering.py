@@ -52,7 +52,7 @@ from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.errors import LoweringError, UnloweredWarning
 from vllm_ir.passes.nodes import bound_args, donated_params, fake_args, ir_nodes, ir_op_of, ir_target
-from vllm_ir.passes.record import GraphReport, set_last_selected
+from vllm_ir.passes.record import GraphReport, module_path, set_last_selected
 
 OnUnlowered = Literal["error", "warn"]
 
@@ -313,6 +313,10 @@ class LoweringPass(CustomGraphPass):
         """
         report = report if report is not None else GraphReport()
         nodes = list(ir_nodes(graph))
+        for node in nodes:
+            path = module_path(node.meta)
+            if path is not None:
+                report.modules.setdefault(node.name, path)
         order = order if order is not None else {n.name: i for i, n in enumerate(nodes)}
         state = _LoweringState(_priority.current_scope(), functional_only)
         if nodes:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
+import weakref
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +58,10 @@ class GraphReport:
     code: str = ""
     #: True when the graph came from Inductor's cache and this report from the compile that filled it.
     from_cache: bool = False
+    #: The fusions the options asked for, by name (those in ``fusions`` fired; the others did not).
+    fusions_requested: list[str] = field(default_factory=list)
+    #: IR node -> the module path it came from (``layers.0.mlp``), where the graph carries it.
+    modules: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,6 +91,11 @@ class PipelineRecord:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     #: Compiles begun since the last `settle`: (Inductor's counters then, len(graphs) then).
     _begun: list[tuple[Any, int]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        with _last_lock:
+            _live.append(weakref.ref(self))
+            _live[:] = [r for r in _live if r() is not None]
 
     @property
     def selected_impls(self) -> SelectedImpls:
@@ -140,6 +151,29 @@ class PipelineRecord:
 
 _last_lock = threading.Lock()
 _last_selected: SelectedImpls = {}
+#: Every record alive, so that a trace can list the graphs compiled while it ran, by any route.
+_live: list[weakref.ref[PipelineRecord]] = []
+
+
+def live_records() -> list[PipelineRecord]:
+    """The records alive now, oldest first."""
+    with _last_lock:
+        return [r for r in (ref() for ref in _live) if r is not None]
+
+
+def module_path(meta: dict[str, Any]) -> str | None:
+    """``layers.0.mlp``: the innermost module of a node's ``nn_module_stack``, as ``named_modules`` spells it."""
+    stack = meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = str(list(stack.values())[-1][0])
+    for prefix in ("L['self'].", "L['self']", "L['mod'].", "L['model']."):
+        if path.startswith(prefix):
+            path = path[len(prefix) :]
+            break
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"\[['\"]([^'\"]+)['\"]\]", r".\1", path)
+    return path.removeprefix("._modules.").replace("._modules.", ".").strip(".")
 
 
 def set_last_selected(selected: SelectedImpls) -> None:

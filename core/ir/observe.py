@@ -1,0 +1,138 @@
+"""Kernels that report what ran: decisions of traced and profiled scopes run behind a recorder.
+
+Nothing here is on the ordinary hot path. `vllm_ir.trace` and a running profiler switch the
+call's priority scope (`vllm_ir.ir.priority.with_switches`), so their calls miss the usual
+cached decisions and get decisions of their own, made once per scope and call signature,
+whose runners are wrapped here: with tracing off and no profiler the hot path is unchanged.
+
+A traced runner times the kernel (``perf_counter_ns``; CUDA events on a GPU, read when the
+trace is summarised) and hands the call's facts to the active trace (`active`); a labelled
+runner puts the kernel inside one ``record_function`` range, ``vllm_ir::rms_norm[vllm_c]``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from vllm_ir.ir.cache_key import first_token_count
+
+if TYPE_CHECKING:
+    from vllm_ir.ir.op import IrOp
+    from vllm_ir.ir.selection import Decision
+
+#: Whether a profiler is recording in this thread (the function ``torch.profiler`` itself asks).
+profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+
+
+class Sink(Protocol):
+    """What a traced runner reports to (`vllm_ir.trace.Trace`)."""
+
+    def record(self, site: CallSite, args: tuple, start_ns: int, duration: Any) -> None: ...
+
+
+#: The trace calls of this thread or task report to; None: the process trace, if any (`set_process_sink`).
+active: contextvars.ContextVar[Sink | None] = contextvars.ContextVar("vllm_ir_trace", default=None)
+_process_sink: list[Sink | None] = [None]
+
+
+def set_process_sink(sink: Sink | None) -> None:
+    """The trace of the whole process (``VLLM_IR_TRACE=1``), for calls outside any `vllm_ir.trace` block."""
+    _process_sink[0] = sink
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """What a recorder knows before the call: the op, the decision and the runner's kernel form."""
+
+    op: IrOp
+    provider: str
+    #: ``functional``, ``in-place``, or ``in-place on copies`` (an in-place kernel behind clones).
+    form: str
+    #: Providers that declined the call first: (provider, reason).
+    skipped: tuple[tuple[str, str], ...]
+    label: str
+    #: Positions of the op's token parameters (their leading dimension is the token count).
+    token_indices: tuple[int, ...]
+
+    def token_count(self, args: tuple) -> int | None:
+        return first_token_count(*(args[i] for i in self.token_indices)) if self.token_indices else None
+
+    def tensors(self, args: tuple) -> list[torch.Tensor]:
+        return [args[i] for i in self.op.tensor_param_indices if isinstance(args[i], torch.Tensor)]
+
+
+def observed(op: IrOp, decision: Decision, *, traced: bool, labelled: bool) -> Decision:
+    """A decision that runs ``decision``'s kernels behind recorders (traced) or profiler ranges."""
+    from vllm_ir.ir.selection import Decision
+
+    impl = decision.impl
+    label = f"vllm_ir::{op.name}[{impl.provider}]"
+    in_place = "in-place" if impl.has_inplace_kernel else "functional"
+    functional = "in-place on copies" if impl.inplace and op.activation_indices else "functional"
+    names = list(op.signature.parameters)
+    tokens = tuple(names.index(p) for p in op.token_params)
+    runners = []
+    for attr, form in (("functional", functional), ("maybe_inplace", in_place)):
+        site = CallSite(op, impl.provider, form, decision.skipped, label, tokens)
+        runners.append(_traced(decision, attr, site) if traced else _labelled(decision, attr, label))
+    return Decision(
+        impl,
+        decision.skipped,
+        decision.cacheable,
+        functional=runners[0],
+        maybe_inplace=runners[1],
+        guard_donation=decision.guard_donation,
+    )
+
+
+def _labelled(decision: Decision, attr: str, label: str) -> Callable[..., Any]:
+    # The runner is read per call: the first call's result check replaces it (`results.checked_once`).
+    def run(*args: Any) -> Any:
+        with torch.profiler.record_function(label):
+            return getattr(decision, attr)(*args)
+
+    return run
+
+
+def _traced(decision: Decision, attr: str, site: CallSite) -> Callable[..., Any]:
+    def run(*args: Any) -> Any:
+        sink = active.get() or _process_sink[0]
+        if sink is None:  # the block ended in another task that shares this scope
+            return getattr(decision, attr)(*args)
+        cuda = _on_cuda(site, args)
+        if profiler_enabled():
+            with torch.profiler.record_function(site.label):
+                start, out, duration = _timed(decision, attr, args, cuda)
+        else:
+            start, out, duration = _timed(decision, attr, args, cuda)
+        sink.record(site, args, start, duration)
+        return out
+
+    return run
+
+
+def _timed(decision: Decision, attr: str, args: tuple, cuda: bool) -> tuple[int, Any, Any]:
+    if cuda:  # events, read when the trace is summarised: no synchronisation per call
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = perf_counter_ns()
+        begin.record()
+        out = getattr(decision, attr)(*args)
+        end.record()
+        return start, out, (begin, end)
+    start = perf_counter_ns()
+    out = getattr(decision, attr)(*args)
+    return start, out, perf_counter_ns() - start
+
+
+def _on_cuda(site: CallSite, args: tuple) -> bool:
+    for i in site.op.tensor_param_indices:
+        a = args[i]
+        if isinstance(a, torch.Tensor):
+            return a.is_cuda
+    return False

@@ -1,0 +1,429 @@
+"""vllm_ir.trace: what ran, per call and per module, eager and compiled; profiler labels;
+reference mode; the process trace and ``vllm-ir trace``; bounded memory; bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import vllm_ir
+from vllm_ir import tracing
+from vllm_ir.ir import priority
+
+ops = vllm_ir.ops
+CLI = (sys.executable, "-m", "vllm_ir")
+X = torch.randn(8, 64)
+W = torch.rand(64) + 0.5
+
+
+def _env(**extra: str) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
+    environ["VLLM_IR_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    environ.update(extra)
+    return environ
+
+
+def _python(code: str, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=_env(**extra), capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture
+def declining():
+    """A real second provider of rms_norm whose predicate declines float64 (a forced fallback)."""
+    from tests.conftest import unique
+
+    name = unique("picky")
+
+    def kernel(x, weight, epsilon, variance_size=None):
+        return ops.rms_norm.fn(x, weight, epsilon, variance_size)
+
+    def supports(x, weight, epsilon, variance_size=None):
+        return True if x.dtype != torch.float64 else vllm_ir.Unsupported("float64 is not supported")
+
+    ops.rms_norm.register_impl(name, supports_args=supports)(kernel)
+    vllm_ir.set_priority(rms_norm=[name])
+    return name
+
+
+def test_each_call_is_recorded_with_provider_form_dtype_and_token_range(declining):
+    with vllm_ir.trace() as t:
+        for _ in range(3):
+            ops.rms_norm(X, W, 1e-6)
+        ops.rms_norm(torch.randn(300, 64), W, 1e-6)
+    rows = {(r["provider"], r["tokens"]): r for r in t.table()}
+    assert rows[(declining, "[8, 16)")]["calls"] == 3
+    assert rows[(declining, "[256, 512)")]["calls"] == 1
+    assert {r["form"] for r in t.table()} == {"functional"}
+    assert {r["dtype"] for r in t.table()} == {"float32"}
+    assert t.calls == 4 and sum(r["share"] for r in t.table()) == pytest.approx(1.0)
+    assert t.summary().splitlines()[0].startswith("vllm-ir trace: 4 eager calls")
+
+
+def test_a_forced_fallback_shows_the_declining_providers_reason(declining):
+    with warnings.catch_warnings(), vllm_ir.trace() as t:
+        warnings.simplefilter("ignore")
+        ops.rms_norm(X.double(), W.double(), 1e-6)
+    assert t.table()[0]["provider"] == "native"
+    assert f"fallback: rms_norm ran native x1 because {declining}: float64 is not supported" in t.summary()
+
+
+def test_tracing_never_changes_the_choice_or_the_result(declining):
+    """The traced decisions are made by the same walk: same provider, bit-identical output, per fact."""
+    calls = [(X, W), (X.double(), W.double()), (X.t().contiguous().t(), None), (torch.randn(1, 64), W)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = [(ops.rms_norm.cached_dispatch(x, w, 1e-6).provider, ops.rms_norm(x, w, 1e-6)) for x, w in calls]
+        with vllm_ir.trace() as t:
+            traced = [(ops.rms_norm.cached_dispatch(x, w, 1e-6).provider, ops.rms_norm(x, w, 1e-6)) for x, w in calls]
+    for (p1, y1), (p2, y2) in zip(plain, traced, strict=True):
+        assert p1 == p2 and torch.equal(y1, y2)
+    assert [e[2].provider for e in t.events] == [p for p, _ in plain]
+
+
+def test_in_place_calls_are_recorded_as_such():
+    from tests.compile_models import inplace_fused_add_rms_norm
+
+    ops.fused_add_rms_norm.register_impl("trace_inplace", inplace=True)(inplace_fused_add_rms_norm)
+    vllm_ir.set_priority(fused_add_rms_norm=["trace_inplace"])
+    x, residual = torch.randn(4, 64), torch.randn(4, 64)
+    with vllm_ir.trace() as t:
+        ops.fused_add_rms_norm.maybe_inplace(x, residual, W, 1e-6)
+        ops.fused_add_rms_norm(x, residual, W, 1e-6)
+    assert sorted((r["provider"], r["form"]) for r in t.table()) == [
+        ("trace_inplace", "in-place"),
+        ("trace_inplace", "in-place on copies"),
+    ]
+
+
+def test_autograd_calls_inside_a_trace_are_recorded_and_differentiate():
+    x = X.clone().requires_grad_()
+    with vllm_ir.trace() as t:
+        y = ops.rms_norm(x, W, 1e-6)
+    y.sum().backward()
+    assert x.grad is not None and t.calls == 1
+
+
+def test_threads_tracing_in_parallel_keep_separate_traces():
+    traces: dict[int, tracing.Trace] = {}
+    barrier = threading.Barrier(2)
+
+    def work(n: int) -> None:
+        with vllm_ir.trace() as t:
+            barrier.wait()
+            for _ in range(n):
+                ops.rms_norm(X, W, 1e-6)
+            barrier.wait()
+        traces[n] = t
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (3, 5)]
+    for th in threads:
+        th.start()
+    with vllm_ir.trace() as main:
+        for th in threads:
+            th.join()
+    assert traces[3].calls == 3 and traces[5].calls == 5 and main.calls == 0
+
+
+def test_nothing_is_recorded_after_the_block_and_priority_scopes_nest():
+    with vllm_ir.trace() as t:
+        with vllm_ir.priority(rms_norm=["native"]):
+            ops.rms_norm(X, W, 1e-6)
+    ops.rms_norm(X, W, 1e-6)
+    assert t.calls == 1
+    assert priority.current_scope() is None
+
+
+def test_memory_is_bounded():
+    with vllm_ir.trace(max_events=5) as t:
+        for _ in range(tracing.MAX_SAMPLES + 10):
+            ops.rms_norm(X, W, 1e-6)
+    assert len(t.events) == 5 and t.calls == tracing.MAX_SAMPLES + 10
+    (row,) = t.rows.values()
+    assert row.calls == t.calls and len(row.samples) == tracing.MAX_SAMPLES
+    assert "the last 5 kept one by one" in t.summary()
+    with pytest.raises(ValueError, match="max_events"):
+        vllm_ir.trace(max_events=-1)
+
+
+def test_a_trace_cannot_be_entered_twice():
+    t = vllm_ir.trace()
+    with t, pytest.raises(RuntimeError, match="already open"):
+        t.__enter__()
+
+
+def test_json_and_chrome_exports(tmp_path):
+    with vllm_ir.trace() as t:
+        ops.rms_norm(X, W, 1e-6)
+        ops.silu_and_mul(torch.randn(4, 128))
+    t.to_json(tmp_path / "t.json")
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["schema"] == tracing.SCHEMA and data["calls"] == 2
+    assert tracing.Trace.from_dict(data).table() == t.table()
+    t.to_chrome_trace(tmp_path / "c.json")
+    chrome = json.loads((tmp_path / "c.json").read_text())
+    events = chrome["traceEvents"]
+    assert [e["name"] for e in events] == ["vllm_ir::rms_norm[native]", "vllm_ir::silu_and_mul[native]"]
+    for e in events:
+        assert e["ph"] == "X" and e["dur"] >= 0 and {"ts", "pid", "tid", "args"} <= set(e)
+        assert e["args"]["shapes"] and e["args"]["dtype"] == "float32"
+    assert events[0]["ts"] <= events[1]["ts"]
+
+
+def test_an_unwritable_export_path_is_a_clear_error_and_the_trace_survives(tmp_path):
+    with vllm_ir.trace() as t:
+        ops.rms_norm(X, W, 1e-6)
+    bad = tmp_path / "missing" / "t.json"
+    with pytest.raises(vllm_ir.TraceExportError, match="could not write the trace to"):
+        t.to_json(bad)
+    with pytest.raises(OSError):  # it is an OSError too
+        t.to_chrome_trace(bad)
+    t.to_json(tmp_path / "t.json")  # nothing was lost
+    assert json.loads((tmp_path / "t.json").read_text())["calls"] == 1
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = _Norm()
+        self.act = _Act()
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.act(self.norm(x + residual))
+
+
+class _Norm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(64) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, 1e-6)
+
+
+class _Act(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.silu_and_mul(torch.cat([x, x], dim=-1))
+
+
+class _Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, x)
+        return x
+
+
+def test_calls_are_attributed_to_module_paths_and_hooks_are_removed():
+    model = _Model()
+    with torch.no_grad(), vllm_ir.trace(model) as t:
+        for _ in range(2):
+            model(X)
+        ops.rms_norm(X, W, 1e-6)  # outside the model
+    assert t.by_module() == {
+        "layers.0.norm": {"rms_norm -> native": 2},
+        "layers.0.act": {"silu_and_mul -> native": 2},
+        "layers.1.norm": {"rms_norm -> native": 2},
+        "layers.1.act": {"silu_and_mul -> native": 2},
+        tracing.OUTSIDE: {"rms_norm -> native": 1},
+    }
+    assert "layers.1.act: silu_and_mul -> native x2" in t.module_table()
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_a_module_that_raises_does_not_corrupt_the_attribution():
+    model = _Model()
+    with torch.no_grad(), vllm_ir.trace(model) as t:
+        with pytest.raises(RuntimeError):
+            model(torch.randn(8, 63))  # the norm's weight does not fit
+        model(X)
+    assert t.by_module()["layers.0.act"] == {"silu_and_mul -> native": 1}
+
+
+def test_hugging_face_llama_trace_names_every_module_and_provider():
+    pytest.importorskip("transformers")
+    from tests.test_integration_transformers import PROMPT, build
+    from vllm_ir.integrations import transformers as hf
+
+    model = build("llama")
+    hf.kernelize(model)
+    layers = model.config.num_hidden_layers
+    with torch.no_grad(), vllm_ir.trace(model) as t:
+        model(PROMPT)
+    by_module = t.by_module()
+    for i in range(layers):
+        assert by_module[f"model.layers.{i}.mlp"] == {"silu_and_mul -> native": 1}
+        assert by_module[f"model.layers.{i}.input_layernorm"] == {"rms_norm -> native": 1}
+        assert by_module[f"model.layers.{i}"] == {"fused_add_rms_norm -> native": 1}
+    assert by_module["model.norm"] == {"rms_norm -> native": 1}
+    calls = {r["op"]: r["calls"] for r in t.table()}
+    assert calls == {"rms_norm": layers + 1, "fused_add_rms_norm": layers, "silu_and_mul": layers}
+
+
+@pytest.fixture(scope="module")
+def compiled_trace():
+    """One compile of `_Model` inside a trace, shared (compiles are slow)."""
+    model = _Model()
+    with torch.no_grad(), vllm_ir.trace(model) as t:
+        compiled = vllm_ir.compile(model)
+        compiled(X)
+    return t
+
+
+def test_a_compiled_models_trace_lists_lowered_kernels_modules_and_fusions(compiled_trace):
+    (graph,) = compiled_trace.compiled
+    kernels = sorted((k["op"], k["provider"], k["module"]) for k in graph["kernels"])
+    assert kernels == [
+        ("fused_add_rms_norm", "native", "layers.0.norm"),
+        ("fused_add_rms_norm", "native", "layers.1.norm"),
+        ("silu_and_mul", "native", "layers.0.act"),
+        ("silu_and_mul", "native", "layers.1.act"),
+    ]
+    text = compiled_trace.summary()
+    origin = "served from Inductor's cache" if graph["from_cache"] else "compiled"
+    assert f"compiled graph 0 ({origin}): 4 IR nodes lowered" in text
+    assert "fusion add_rms_norm: fired 2x" in text
+    assert "fusion quant: requested, did not fire" in text  # no quant op in this model
+
+
+def test_a_warm_inductor_cache_still_lists_the_kernels_with_plain_torch_compile(tmp_path):
+    """The same script twice in fresh processes: the second compile is an Inductor cache hit."""
+    code = """
+        import torch, vllm_ir
+        f = torch.compile(lambda x, w: vllm_ir.ops.rms_norm(x + x, w, 1e-6), options=vllm_ir.inductor_options())
+        with vllm_ir.trace() as t:
+            f(torch.randn(4, 64), torch.ones(64))
+        (graph,) = t.compiled
+        print(graph["from_cache"], sorted((k["op"], k["provider"]) for k in graph["kernels"]), graph["fusions"])
+    """
+    runs = [_python(code, TORCHINDUCTOR_CACHE_DIR=str(tmp_path)) for _ in range(2)]
+    lines = []
+    for out in runs:
+        assert out.returncode == 0, out.stderr
+        lines.append(out.stdout.strip().splitlines()[-1])
+    fused = "[('fused_add_rms_norm', 'native')] ['add_rms_norm: add + rms_norm -> fused_add_rms_norm_default']"
+    assert lines == [f"False {fused}", f"True {fused}"]
+
+
+def test_profiler_labels_every_call_on_the_fast_and_the_python_path():
+    code = """
+        import torch, vllm_ir
+        x, w = torch.randn(8, 64), torch.ones(64)
+        vllm_ir.ops.rms_norm(x, w, 1e-6)  # cached before the profiler starts
+        with torch.profiler.profile() as prof:
+            for _ in range(3):
+                vllm_ir.ops.rms_norm(x, w, 1e-6)
+        vllm_ir.ops.rms_norm(x, w, 1e-6)
+        counts = {e.key: e.count for e in prof.key_averages() if e.key.startswith("vllm_ir::")}
+        print(counts)
+    """
+    for fast in ("1", "0"):
+        out = _python(code, VLLM_IR_FAST_LOOKUP=fast)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == "{'vllm_ir::rms_norm[native]': 3}", (fast, out.stdout)
+
+
+def test_reference_mode_runs_native_eager_and_says_so(declining):
+    assert ops.rms_norm.cached_dispatch(X, W, 1e-6).provider == declining
+    with vllm_ir.reference():
+        assert ops.rms_norm.cached_dispatch(X, W, 1e-6).provider == "native"
+        explanation = ops.rms_norm.explain(X, W, 1e-6)
+        with vllm_ir.trace() as t:
+            ops.rms_norm(X, W, 1e-6)
+    assert explanation.chosen == "native"
+    assert [v.status for v in explanation.verdicts if v.provider == declining] == ["reference mode"]
+    assert "REFERENCE MODE (pinned to native by vllm_ir.reference())" in t.summary()
+    assert ops.rms_norm.cached_dispatch(X, W, 1e-6).provider == declining  # undone on exit
+
+
+def test_reference_mode_from_the_environment_pins_compiled_graphs_too():
+    code = """
+        import torch, vllm_ir
+        from tests.compile_models import opaque_rms_norm
+        vllm_ir.ops.rms_norm.register_impl("opaque")(opaque_rms_norm)
+        vllm_ir.set_priority(rms_norm=["opaque"])
+        f = vllm_ir.compile(lambda x, w: vllm_ir.ops.rms_norm(x, w, 1e-6))
+        f(torch.randn(4, 64), torch.ones(64))
+        print(vllm_ir.passes.record_of(f).selected_impls)
+        print(vllm_ir.ops.rms_norm.cached_dispatch(torch.randn(4, 64), torch.ones(64), 1e-6).provider)
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=_env(VLLM_IR_REFERENCE="1", PYTHONPATH=os.getcwd()),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    selected, eager = out.stdout.strip().splitlines()[-2:]
+    assert "'native'" in selected and "opaque" not in selected and eager == "native"
+
+
+def test_doctor_reports_reference_mode_and_a_malformed_trace_variable():
+    out = subprocess.run(
+        [*CLI, "doctor", "--json"],
+        env=_env(VLLM_IR_REFERENCE="1", VLLM_IR_TRACE="sometimes"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(out.stdout)
+    assert report["reference_mode"] == "pinned to native by VLLM_IR_REFERENCE=1"
+    assert report["tracing"]["process"] is False
+    assert any(p["setting"] == "VLLM_IR_TRACE" for p in report["problems"]), report["problems"]
+
+
+SCRIPT = """
+import torch, vllm_ir
+x, w = torch.randn(8, 64), torch.ones(64)
+for _ in range(4):
+    vllm_ir.ops.rms_norm(x, w, 1e-6)
+vllm_ir.ops.silu_and_mul(torch.randn(2, 32))
+"""
+
+
+def test_process_trace_prints_the_summary_at_exit():
+    out = _python(SCRIPT, VLLM_IR_TRACE="1")
+    assert out.returncode == 0, out.stderr
+    assert "vllm-ir trace: 5 eager calls" in out.stderr
+    assert "rms_norm" in out.stderr and "silu_and_mul" in out.stderr
+
+
+def test_vllm_ir_trace_runs_a_script_and_writes_files_after_the_summary(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    json_file, bad = tmp_path / "t.json", tmp_path / "missing" / "c.json"
+    out = subprocess.run(
+        [*CLI, "trace", "--json", str(json_file), "--chrome", str(bad), "--", sys.executable, str(script)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1  # the Chrome file could not be written
+    assert "1 process(es) traced" in out.stdout and "vllm-ir trace: 5 eager calls" in out.stdout
+    assert f"could not write the Chrome trace to {str(bad)!r}" in out.stderr
+    assert json.loads(json_file.read_text())["calls"] == 5
+    empty = subprocess.run([*CLI, "trace"], env=_env(), capture_output=True, text=True, timeout=300)
+    assert empty.returncode == 2 and "give the command to trace" in empty.stderr
+    failing = subprocess.run(
+        [*CLI, "trace", "--", sys.executable, "-c", "raise SystemExit(3)"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert failing.returncode == 3 and "nothing was traced" in failing.stderr
