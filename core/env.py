@@ -39,6 +39,9 @@ ENV_FAST_LOOKUP = "VLLM_IR_FAST_LOOKUP"
 ENV_PLATFORM = "VLLM_IR_PLATFORM"
 ENV_CONFIG = "VLLM_IR_CONFIG"
 ENV_TUNING = "VLLM_IR_TUNING"
+ENV_TRACE = "VLLM_IR_TRACE"
+ENV_TRACE_DIR = "VLLM_IR_TRACE_DIR"
+ENV_REFERENCE = "VLLM_IR_REFERENCE"
 
 VARIABLES: dict[str, str] = {
     ENV_PRIORITY: "op=provider[,provider...] entries separated by ';'",
@@ -52,6 +55,9 @@ VARIABLES: dict[str, str] = {
     ENV_PLATFORM: "the name of a plugin that claims the platform, or 'builtin'",
     ENV_CONFIG: "the path of a TOML file",
     ENV_TUNING: "paths of tuning tables (JSON, written by vllm-ir tune) separated by ':'",
+    ENV_TRACE: "a boolean: trace every op call of the process, summary at exit (vllm_ir.trace)",
+    ENV_TRACE_DIR: "a folder: where a traced process writes its trace at exit instead of printing it",
+    ENV_REFERENCE: "a boolean: run every op native, eager and compiled (vllm_ir.reference)",
 }
 
 TRUE = ("1", "true", "yes", "on")
