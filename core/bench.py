@@ -508,6 +508,16 @@ def _check_providers(names: Sequence[str], ops: Sequence[IrOp]) -> None:
             )
 
 
+def json_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The ``--json FILE`` document: ``schema`` and the ``machine`` block every CLI document
+    starts with (`vllm_ir.cli.json_document`), then every figure; the one-line machine summary
+    the table prints is ``machine_summary``."""
+    from vllm_ir.cli import json_document
+
+    figures = {k: v for k, v in report.items() if k != "machine"}
+    return json_document("bench", {"machine_summary": report["machine"], **figures})
+
+
 def main(args: Any) -> int:
     from vllm_ir.cli import UsageError, check_memory, check_writable, get_op
 
@@ -558,7 +568,7 @@ def main(args: Any) -> int:
     if args.json_file:
         try:
             with open(args.json_file, "w") as f:
-                json.dump(report, f, indent=2)
+                json.dump(json_report(report), f, indent=2)
         except OSError as exc:
             print(f"vllm-ir bench: error: argument --json: cannot write {args.json_file}: {exc}", file=sys.stderr)
             status = 1

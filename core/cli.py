@@ -1,11 +1,17 @@
 """The ``vllm-ir`` command line: see and steer every choice the dispatcher makes.
 
-Verbs: ``providers list``, ``ops``, ``explain``, ``doctor``, ``bench``. The first four take
-``--json`` (stable fields on stdout instead of the table, documented in README); ``bench``
-takes ``--json FILE`` (every figure written to FILE). Human output is a table. Every error is one line on
-stderr naming the argument (or setting) and the accepted values: exit code 2 for a usage
-error (a bad argument, an argument this machine cannot honour), 1 for a failure the command
-reports. ``VLLM_IR_LOG_LEVEL=DEBUG`` adds the traceback of an unexpected error.
+Verbs: ``providers [list]``, ``ops [NAME ...]``, ``explain``, ``doctor``, ``bench``, ``tune``
+(`VERBS`). The first four take ``--json`` (stable fields on stdout instead of the table,
+documented in README); ``bench`` and ``tune`` take ``--json FILE`` (every figure written to
+FILE). Every JSON document starts with ``"schema": "vllm-ir.<verb>/<version>"`` and a
+``machine`` block (`machine_block`), so two runs can be compared by a program. Human output
+is a table that fits the terminal (``COLUMNS`` wins; ``--wide``: never wrapped).
+
+Exit codes: 0 success; 1 a failure the command reports (``doctor``: problems listed); 2 a
+usage error (a bad argument, an argument this machine cannot honour); 141 the reader closed
+the pipe (``vllm-ir doctor | head -3``: nothing printed about it). Every error is one line
+on stderr naming the argument (or setting) and the accepted values.
+``VLLM_IR_LOG_LEVEL=DEBUG`` adds the traceback of an unexpected error.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,8 +30,23 @@ from typing import Any, NoReturn
 
 #: Activation dtypes the commands accept (the ops are floating-point ops).
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+#: Short names accepted wherever ``--dtype`` is (tables print ``bf16``, so people type it).
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp64": "float64",
+    "double": "float64",
+}
 #: Largest single dimension accepted from the command line.
 MAX_DIM = 2**31 - 1
+#: Version of every ``--json`` document's layout (``"schema": "vllm-ir.<verb>/<version>"``);
+#: raised when a field changes meaning or goes away (new fields do not raise it).
+JSON_VERSION = 1
+#: Exit status when the reader of stdout went away (``| head``): 128 + SIGPIPE, as a shell tool.
+EXIT_BROKEN_PIPE = 141
 
 
 class UsageError(Exception):
@@ -37,18 +60,108 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+# ---------------------------------------------------------------------------------------
+# Output: tables that fit the terminal, JSON documents with a schema and the machine
+
+
+def _columns(args: argparse.Namespace) -> int | None:
+    """Columns a table may use: the terminal's (``COLUMNS`` wins, 80 when unknown); None with ``--wide``."""
+    if getattr(args, "wide", False):
+        return None
+    return max(40, shutil.get_terminal_size().columns)
+
+
+def one_line(text: str | None) -> str:
+    """The first line of a (multi-line) reason, saying how much is left out: a table row stays one row."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} (+{len(lines) - 1} more lines: --json)"
+
+
+def _fit(natural: list[int], room: int) -> list[int]:
+    """Column widths within ``room``: narrow columns keep their width, the wide ones share the rest."""
+    if sum(natural) <= room:
+        return natural
+    widths = list(natural)
+    order = sorted(range(len(natural)), key=lambda i: natural[i])
+    left = room
+    for k, i in enumerate(order):
+        share = max(left // (len(order) - k), 6)
+        widths[i] = min(natural[i], share)
+        left -= widths[i]
+    return widths
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], columns: int | None = None, indent: int = 0) -> str:
+    """Aligned columns; with ``columns``, cells wrap (at words) so no line is wider than that.
+
+    A cell's own line breaks are kept (a continuation stays in its column), so a multi-line
+    reason never breaks the table.
+    """
     cells = [[str(c) if c is not None else "" for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return "\n".join(lines)
+    natural = [
+        max([len(h)] + [len(line) for r in cells for line in r[i].splitlines() or [""]]) for i, h in enumerate(headers)
+    ]
+    widths = natural if columns is None else _fit(natural, columns - indent - 2 * (len(headers) - 1))
+
+    def render(row: Sequence[str]) -> list[str]:
+        parts = [
+            _wrap(cell, w) if columns is not None else cell.splitlines() or [""]
+            for cell, w in zip(row, widths, strict=True)
+        ]
+        return [
+            "  ".join((p[k] if k < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip()
+            for k in range(max(len(p) for p in parts))
+        ]
+
+    lines = [*render(list(headers)), "  ".join("-" * w for w in widths)]
+    for r in cells:
+        lines += render(r)
+    return "\n".join(" " * indent + line for line in lines)
 
 
-def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
+def _wrap(cell: str, width: int) -> list[str]:
+    out: list[str] = []
+    for line in cell.splitlines() or [""]:
+        out += textwrap.wrap(line, width, subsequent_indent=" ") or [""]
+    return out
+
+
+def machine_block() -> dict[str, Any]:
+    """The machine every JSON document was made on, as a program compares two runs.
+
+    The facts a tuning table records (`vllm_ir.ir.tuning.machine_facts`: platform, CPU model
+    and ISA or GPU name and compute capability, core count, torch), the versions of every
+    loaded provider, vllm-ir and Python, and the OS and architecture.
+    """
+    import platform
+
+    import vllm_ir
+    from vllm_ir import plugins
+    from vllm_ir.ir import tuning
+
+    try:
+        facts = plugins.tuning_facts()
+        block = tuning.machine_facts(facts.platform, facts.provider_versions)
+    except Exception as exc:  # no platform (doctor says why): the CPU's facts all the same
+        block = tuning.machine_facts("unknown", {})
+        block["platform_error"] = f"{type(exc).__name__}: {exc}"
+    block["vllm_ir"] = vllm_ir.__version__
+    block["python"] = platform.python_version()
+    block["os"] = platform.system()
+    block["arch"] = platform.machine()
+    return block
+
+
+def json_document(verb: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` behind the ``schema`` and ``machine`` keys every ``--json`` output starts with."""
+    return {"schema": f"vllm-ir.{verb}/{JSON_VERSION}", "machine": machine_block(), **payload}
+
+
+def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
     if args.json:
-        json.dump(payload, sys.stdout, indent=2, sort_keys=False)
+        json.dump(json_document(args.schema, payload), sys.stdout, indent=2, sort_keys=False)
         sys.stdout.write("\n")
     else:
         print(text)
@@ -67,19 +180,25 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
 
     facts = plugins.provider_facts()
     payload = {"providers": [r.to_json() for r in records], "provider_facts": facts, "vllm_bridge": bridge}
+    columns = _columns(args)
+
+    def listing(ops: Sequence[str]) -> str:  # the ops themselves only with --wide (vllm-ir ops has them all)
+        return ", ".join(ops) if columns is None else f"{len(ops)} op{'s' if len(ops) != 1 else ''}"
+
     rows = []
     for r in records:
-        declared = [f"declares {', '.join(r.ops)}"] if r.ops else []
-        impls = "; ".join(declared + [f"{p}: {', '.join(ops)}" for p, ops in r.implementations.items()])
+        declared = [f"declares {listing(r.ops)}"] if r.ops else []
+        impls = "; ".join(declared + [f"{p}: {listing(ops)}" for p, ops in r.implementations.items()])
         dist = f"{r.distribution} {r.version}" if r.distribution else ""
-        rows.append((r.name, dist, r.status.value, impls, r.reason))
+        rows.append((r.name, dist, r.status.value, impls, one_line(r.reason)))
     text = (
-        _table(["entry point", "distribution", "status", "implements", "reason"], rows)
+        _table(["entry point", "distribution", "status", "implements", "reason"], rows, columns)
         if rows
         else ("no providers installed (entry point group vllm_ir.providers)")
     )
-    text = "\n".join([text, *_describe_provider_facts(facts)])
-    _emit(args, payload, text + "\n" + _describe_bridge(bridge))
+    hint = ["(--wide: the ops each provider implements; vllm-ir ops NAME: one op)"] if columns and rows else []
+    notes = _wrap_lines([*hint, *_describe_provider_facts(facts), _describe_bridge(bridge)], columns)
+    _emit(args, payload, "\n".join([text, *notes]))
     return 0
 
 
@@ -137,38 +256,67 @@ def _op_json(op: Any) -> dict[str, Any]:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
+    """Every op in one line each; ``ops NAME ...``: those ops in full."""
     import vllm_ir
-
-    vllm_ir.load_providers()
-    ops = [_op_json(op) for op in vllm_ir.ops]
-    blocks = []
-    for op in ops:
-        impl_rows = [
-            (
-                i["provider"],
-                "yes" if i["supported"] else f"no: {i['unsupported_reason']}",
-                "yes" if i["inplace"] else "",
-                "yes" if i["batch_invariant"] else "",
-                i["origin"] or ("core" if i["provider"] == "native" else ""),
-            )
-            for i in op["implementations"]
-        ]
-        prio = "\n".join(
-            f"  priority ({mode}): " + " > ".join(f"{e['provider']} [{e['source']}]" for e in entries)
-            for mode, entries in op["priority"].items()
-        )
-        blocks.append(
-            f"{op['signature']}\n"
-            + _indent(_table(["provider", "supported here", "inplace", "batch-invariant", "from"], impl_rows))
-            + "\n"
-            + prio
-        )
     from vllm_ir import config
 
+    vllm_ir.load_providers()
+    chosen = [get_op(name, "names") for name in args.names] if args.names else list(vllm_ir.ops)
+    ops = [_op_json(op) for op in chosen]
+    columns = _columns(args)
     site = config.current().path
     header = [f"site config: {site} (VLLM_IR_CONFIG); its entries show as [config {site}]"] if site else []
+    if args.names:
+        blocks = [_describe_op(op, columns) for op in ops]
+    else:
+        rows = [
+            (
+                op["name"],
+                ", ".join(i["provider"] for i in op["implementations"] if i["supported"]),
+                " > ".join(e["provider"] for e in op["priority"]["eager"]),
+            )
+            for op in ops
+        ]
+        hint = "(vllm-ir ops NAME: its signature, implementations and priorities with their origins)"
+        blocks = [
+            "\n".join(
+                [_table(["op", "supported here", "eager priority"], rows, columns), *_wrap_lines([hint], columns)]
+            )
+        ]
     _emit(args, {"config": site, "ops": ops}, "\n\n".join(header + blocks))
     return 0
+
+
+def _describe_op(op: dict[str, Any], columns: int | None) -> str:
+    impl_rows = [
+        (
+            i["provider"],
+            "yes" if i["supported"] else f"no: {i['unsupported_reason']}",
+            "yes" if i["inplace"] else "",
+            "yes" if i["batch_invariant"] else "",
+            i["origin"] or ("core" if i["provider"] == "native" else ""),
+        )
+        for i in op["implementations"]
+    ]
+    prio = [
+        f"priority ({mode}): " + " > ".join(f"{e['provider']} [{e['source']}]" for e in entries)
+        for mode, entries in op["priority"].items()
+    ]
+    table = _table(["provider", "supported here", "inplace", "batch-invariant", "from"], impl_rows, columns, indent=2)
+    return "\n".join([*_wrap_lines([op["signature"]], columns), table, *_wrap_lines(prio, columns, indent=2)])
+
+
+def _wrap_lines(lines: Sequence[str], columns: int | None, indent: int = 0) -> list[str]:
+    """Free-text lines within ``columns`` (a continuation indented two more); as they are without a limit."""
+    out: list[str] = []
+    for line in lines:
+        for part in line.splitlines() or [""]:
+            if columns is None:
+                out.append(" " * indent + part)
+                continue
+            lead = " " * (indent + len(part) - len(part.lstrip()))
+            out += textwrap.wrap(part, columns, initial_indent=" " * indent, subsequent_indent=lead + "  ") or [""]
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -190,14 +338,20 @@ def _parse_shape(text: str) -> tuple[int, ...]:
 def _parse_dtype(text: str) -> Any:
     import torch
 
-    dtype = getattr(torch, text.strip(), None)
+    name = text.strip().lower().removeprefix("torch.")
+    dtype = getattr(torch, DTYPE_ALIASES.get(name, name), None) if name else None
     if not isinstance(dtype, torch.dtype):
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; accepted: {', '.join(FLOAT_DTYPES)}")
+        hint = _did_you_mean(name, [*FLOAT_DTYPES, *DTYPE_ALIASES])
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; accepted: {DTYPE_HELP}{hint}")
     if not dtype.is_floating_point or dtype.itemsize < 2:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a floating-point dtype the ops take; accepted: {', '.join(FLOAT_DTYPES)}"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r} is not a floating-point dtype the ops take; accepted: {DTYPE_HELP}")
     return dtype
+
+
+def _did_you_mean(name: str, choices: Sequence[str]) -> str:
+    from vllm_ir import env
+
+    return env.did_you_mean(name, choices)
 
 
 def _parse_dtypes(text: str) -> list[Any]:
@@ -356,6 +510,62 @@ def get_op(name: str, argument: str = "op") -> Any:
         raise UsageError(f"argument {argument}: unknown op {name!r}; known ops: {', '.join(known)}{hint}") from None
 
 
+def explain_inputs(op: Any, shape: Sequence[int], dtype: Any, device: str, **options: Any) -> tuple[Any, ...]:
+    """Inputs whose first activation (``x``; rotary_embedding: ``query``) has ``shape``: what
+    ``explain --shape`` means for every op, so its answer is that of a real call with such an input.
+
+    An input generator's shape is the op's own notion (a gated op's: the output, its ``x`` twice
+    as wide), so the generator is asked for the shape that yields this input, and where none
+    does (``x`` [16, 4097] for silu_and_mul) the activations are replaced by tensors of ``shape``.
+    """
+    import torch
+
+    shape = tuple(shape)
+    inputs = op.generate_inputs(shape, dtype, device, **options)
+    if not op.activation_indices:
+        return inputs
+    first = op.activation_indices[0]
+    made = inputs[first]
+    if not isinstance(made, torch.Tensor) or tuple(made.shape) == shape:
+        return inputs
+    if made.dim() == len(shape):  # scale each dimension back: [16, 8194] from 16x4097 asks for 16x2048
+        guess = tuple(max(1, s * s // m) if m else s for s, m in zip(shape, made.shape, strict=True))
+        inputs = op.generate_inputs(guess, dtype, device, **options)
+        made = inputs[first]
+        if tuple(made.shape) == shape:
+            return inputs
+    g = torch.Generator().manual_seed(0)
+    out = list(inputs)
+    for i in op.activation_indices:
+        t = out[i]
+        if isinstance(t, torch.Tensor) and t.shape == made.shape:
+            out[i] = (2.0 * torch.randn(shape, generator=g)).to(device=t.device, dtype=t.dtype)
+    return tuple(out)
+
+
+def _not_in_priority(op: Any, args: Sequence[Any], listed: set[str], mode: str) -> list[dict[str, Any]]:
+    """Installed implementations no priority layer names: what they would say to this call."""
+    from vllm_ir.ir import selection
+    from vllm_ir.ir.impl import reason_of
+
+    out = []
+    for provider, impl in op.impls.items():
+        if provider in listed:
+            continue
+        if not impl.supported:
+            what = f"unsupported here: {impl.unsupported_reason}"
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a raising predicate is the doctor's to report
+                verdict = selection.ask(impl, op._bind(args))
+            what = "it would accept this call" if verdict else f"it would decline: {reason_of(verdict, 'declined')}"
+        reason = f"no priority layer names it for {mode}; {what}"
+        if impl.supported:
+            reason += f" (to try it: VLLM_IR_OP_PRIORITY={op.name}={provider})"
+        out.append({"provider": provider, "status": "not in priority", "reason": reason, "layer": None, "source": None})
+    return out
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     import vllm_ir
 
@@ -366,32 +576,45 @@ def cmd_explain(args: argparse.Namespace) -> int:
     dtypes = [args.dtype] + ([args.weight_dtype] if args.weight_dtype is not None else [])
     check_memory("argument --shape", args.shape, dtypes, args.device)
     options = {"weight_dtype": args.weight_dtype} if args.weight_dtype is not None else {}
-    inputs = op.generate_inputs(args.shape, args.dtype, args.device, **options)
+    inputs = explain_inputs(op, args.shape, args.dtype, args.device, **options)
     exp = op.explain(*inputs, mode=args.mode)
+    verdicts = [
+        {
+            "provider": v.provider,
+            "status": v.status,
+            "reason": v.reason,
+            "layer": v.layer.name.lower(),
+            "source": v.source,
+        }
+        for v in exp.verdicts
+    ]
+    verdicts += _not_in_priority(op, inputs, {v.provider for v in exp.verdicts}, args.mode)
+    shape_of = op.activations[0] if op.activations else None
+    dtype = str(args.dtype).removeprefix("torch.")
     payload = {
         "op": exp.op,
         "mode": exp.mode,
         "tuning": exp.tuning,
         "shape": list(args.shape),
-        "dtype": str(args.dtype).removeprefix("torch."),
+        "shape_of": shape_of,
+        "dtype": dtype,
         "device": args.device,
         "chosen": exp.chosen,
-        "verdicts": [
-            {
-                "provider": v.provider,
-                "status": v.status,
-                "reason": v.reason,
-                "layer": v.layer.name.lower(),
-                "source": v.source,
-            }
-            for v in exp.verdicts
-        ],
+        "verdicts": verdicts,
     }
-    text = str(exp)
+    columns = _columns(args)
+    call = f"{shape_of} [{', '.join(map(str, args.shape))}] {dtype} on {args.device}"
+    rows = [(v["provider"], v["status"], v["source"] or "", v["reason"] or "") for v in verdicts]
+    lines = [
+        *_wrap_lines([f"{exp.op} ({exp.mode}), {call}: chose {exp.chosen}"], columns),
+        _table(["provider", "verdict", "from", "reason"], rows, columns, indent=2),
+        *_wrap_lines([f"tuning: {exp.tuning}"] if exp.tuning else [], columns, indent=2),
+    ]
+    text = "\n".join(lines)
     if args.verbose:  # where the op and each implementation were registered (innermost frame last)
         stacks = {"(op)": op.registration_stack}
         stacks.update(
-            {v.provider: op.impls[v.provider].registration_stack for v in exp.verdicts if v.provider in op.impls}
+            {v["provider"]: op.impls[v["provider"]].registration_stack for v in verdicts if v["provider"] in op.impls}
         )
         payload["registration_stacks"] = {who: list(stack) for who, stack in stacks.items()}
         blocks = [
@@ -520,7 +743,9 @@ def _doctor_report() -> dict[str, Any]:
         "platform": platform_info,
         "eager_lookup": eager_lookup,
         "triton": triton,
-        "settings": {name: os.environ[name] for name in sorted(env.VARIABLES) if name in os.environ},
+        "settings": {
+            name: os.environ[name] for name in sorted((*env.VARIABLES, *_OTHER_VARIABLES)) if name in os.environ
+        },
         "config": site.path,
         "providers": {r.name: r.status.value for r in records},
         "provider_facts": plugins.provider_facts(),
@@ -639,8 +864,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if report["not_for_this_machine"]:
         lines.append("not for this machine (expected here, nothing to fix):")
         lines += [f"{who(note)}{note['reason']}" for note in report["not_for_this_machine"]]
-    _emit(args, report, "\n".join(lines))
-    return 0
+    status = doctor_status(report, strict=args.strict)
+    if status:
+        why = "problems listed" if report["problems"] else "--strict, and settings warned about"
+        lines.append(f"exit status {status}: {why}")
+    _emit(args, report, "\n".join(_wrap_lines(lines, _columns(args))))
+    return status
+
+
+def doctor_status(report: dict[str, Any], *, strict: bool = False) -> int:
+    """The doctor's exit status, so a CI can gate on it: 1 when it lists a problem; with
+    ``strict`` also when a setting was warned about (it names something this machine lacks),
+    though not for a provider that merely cannot run here; else 0."""
+    warned = [n for n in report["not_for_this_machine"] if n["setting"]]
+    return 1 if report["problems"] or (strict and warned) else 0
 
 
 def _indent(text: str) -> str:
@@ -651,47 +888,102 @@ def _indent(text: str) -> str:
 # Parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vllm-ir", description="Inspect and steer vllm-ir kernel dispatch.")
-    sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+DTYPE_HELP = f"{', '.join(FLOAT_DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+MODE_HELP = "the dispatch to explain: eager (calls from Python) or compile (what torch.compile traces); default eager"
+JSON_HELP = "print the JSON document (schema vllm-ir.{verb}/" + f"{JSON_VERSION}, with the machine) instead of a table"
+WIDE_HELP = "do not fit the table to the terminal (COLUMNS, else its width): long cells stay on one line"
+DOCTOR_EPILOG = """exit status (for CI):
+  0    no problem listed ("not for this machine" notes do not count)
+  1    problems listed: a failed or incompatible provider, a raising predicate, a bad
+       setting, competing platform claims, a refused vLLM bridge; with --strict also a
+       setting that names something this machine lacks (a warning when read)
+  2    usage error
+  141  stdout closed early (vllm-ir doctor | head -3)"""
 
-    def verb(name: str, help_text: str, parent: Any = sub) -> argparse.ArgumentParser:
-        p = parent.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-        return p
 
-    providers = sub.add_parser("providers", help="installed provider plugins")
-    providers_sub = providers.add_subparsers(dest="providers_verb", required=True, parser_class=_Parser)
-    verb("list", "every discovered provider with its status and reason", providers_sub).set_defaults(
-        func=cmd_providers_list
-    )
-    verb("ops", "every op: signature, implementations, effective priority per mode").set_defaults(func=cmd_ops)
-    explain = verb("explain", "which provider a call would use, and why each other one is skipped")
+def add_verb(
+    sub: Any,
+    name: str,
+    help_text: str,
+    func: Any,
+    *,
+    json_flag: bool = True,
+    table: bool = True,
+    epilog: str | None = None,
+    schema: str | None = None,
+    nested: bool = False,
+) -> argparse.ArgumentParser:
+    """One verb's parser with the options every human/JSON verb shares: ``--json`` (the document
+    on stdout) and ``--wide``; ``schema`` names its JSON (``vllm-ir.<schema>/<version>``, default
+    the verb). A ``nested`` verb (``providers list``) leaves options its parent already parsed alone."""
+    formatter = argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter
+    p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog, formatter_class=formatter)
+    unset = {"default": argparse.SUPPRESS} if nested else {}
+    if json_flag:
+        p.add_argument("--json", action="store_true", help=JSON_HELP.format(verb=schema or name), **unset)
+    if table:
+        p.add_argument("--wide", action="store_true", help=WIDE_HELP, **unset)
+    p.set_defaults(func=func, prog=p.prog, schema=schema or name)
+    return p
+
+
+def _providers_parser(sub: Any) -> None:
+    providers = add_verb(sub, "providers", "installed provider plugins (alone: providers list)", cmd_providers_list)
+    verbs = providers.add_subparsers(dest="providers_command", metavar="command", parser_class=_Parser)
+    list_help = "every discovered provider with its status and reason (the default)"
+    add_verb(verbs, "list", list_help, cmd_providers_list, schema="providers", nested=True)
+
+
+def _ops_parser(sub: Any) -> None:
+    ops = add_verb(sub, "ops", "every op in a line; with names: signature, implementations, priority per mode", cmd_ops)
+    ops.add_argument("names", nargs="*", metavar="NAME", help="ops to show in full, e.g. rms_norm")
+
+
+def _explain_parser(sub: Any) -> None:
+    explain = add_verb(sub, "explain", "which provider a call would use, and what each installed one says", cmd_explain)
     explain.add_argument("op", help="op name, e.g. rms_norm")
-    explain.add_argument("--shape", type=_parse_shape, default=(16, 4096), help="input shape, e.g. 16x4096")
     explain.add_argument(
-        "--dtype", type=_parse_dtype, default="float32", help=f"activation dtype: {', '.join(FLOAT_DTYPES)}"
+        "--shape",
+        type=_parse_shape,
+        default=(16, 4096),
+        help="shape of the op's first input (x; rotary_embedding: query), e.g. 16x4096; a gated op's x is "
+        "twice its output's width",
     )
+    explain.add_argument("--dtype", type=_parse_dtype, default="float32", help=f"activation dtype: {DTYPE_HELP}")
     explain.add_argument(
         "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
     )
     explain.add_argument("--weight-dtype", type=_parse_dtype, default=None, help="weight dtype (default: --dtype)")
-    explain.add_argument("--mode", choices=("eager", "compile"), default="eager")
+    explain.add_argument("--mode", choices=("eager", "compile"), default="eager", help=MODE_HELP)
     explain.add_argument(
         "--verbose", action="store_true", help="also show where the op and each implementation were registered"
     )
-    explain.set_defaults(func=cmd_explain)
-    verb("doctor", "environment, platform, Triton and provider problems with suggested fixes").set_defaults(
-        func=cmd_doctor
+
+
+def _doctor_parser(sub: Any) -> None:
+    help_text = "environment, platform, Triton and provider problems with suggested fixes"
+    doctor = add_verb(sub, "doctor", help_text, cmd_doctor, epilog=DOCTOR_EPILOG)
+    doctor.add_argument(
+        "--strict", action="store_true", help="also exit 1 for a setting that names something this machine lacks"
     )
-    bench = sub.add_parser("bench", help="validate and time every available implementation; say which wins")
+
+
+def _bench_parser(sub: Any) -> None:
+    bench = add_verb(
+        sub,
+        "bench",
+        "validate and time every available implementation; say which wins",
+        cmd_bench,
+        json_flag=False,
+        table=False,
+    )
     bench.add_argument("ops", nargs="*", help="ops to measure (default: all)")
     bench.add_argument("--providers", type=_comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
     bench.add_argument(
         "--dtype",
         type=_parse_dtypes,
         default=None,
-        help=f"activation dtypes, comma-separated: {', '.join(FLOAT_DTYPES)} (default: float32,bfloat16)",
+        help=f"activation dtypes, comma-separated: {DTYPE_HELP} (default: float32,bfloat16)",
     )
     bench.add_argument("--tokens", type=_positive_int_list, default=None, help="e.g. 1,16,256,4096")
     bench.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (default: 4096; --model: 1024)")
@@ -707,7 +999,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
     )
-    bench.add_argument("--json", dest="json_file", metavar="FILE", default=None, help="write all figures to FILE")
+    bench.add_argument(
+        "--json",
+        dest="json_file",
+        metavar="FILE",
+        default=None,
+        help=f"write every figure to FILE (schema vllm-ir.bench/{JSON_VERSION}, with the machine); the table "
+        "is still printed. Unlike the other verbs' --json, this one takes a file",
+    )
     bench.add_argument("--plot", metavar="FILE.png", default=None, help="bandwidth vs tokens (needs matplotlib)")
     bench.add_argument("--quick", action="store_true", help="fewer shapes and repeats (under a minute on CPU)")
     bench.add_argument(
@@ -721,9 +1020,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the VLLM_IR_OP_PRIORITY string (and config-file form) that puts the measured winners first",
     )
-    bench.set_defaults(func=cmd_bench)
-    tune = sub.add_parser(
-        "tune", help="measure every provider per op, dtype and token count; write a tuning table (JSON)"
+
+
+def _tune_parser(sub: Any) -> None:
+    tune = add_verb(
+        sub,
+        "tune",
+        "measure every provider per op, dtype and token count; write a tuning table (JSON)",
+        cmd_tune,
+        json_flag=False,
+        table=False,
     )
     tune.add_argument("ops", nargs="*", help="ops to tune (default: every op with a provider besides native)")
     tune.add_argument("--providers", type=_comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
@@ -731,7 +1037,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         type=_parse_dtypes,
         default=None,
-        help=f"activation dtypes, comma-separated: {', '.join(FLOAT_DTYPES)} (default: float32,bfloat16)",
+        help=f"activation dtypes, comma-separated: {DTYPE_HELP} (default: float32,bfloat16)",
     )
     tune.add_argument(
         "--tokens", type=_positive_int_list, default=None, help="token counts (default 1,16,256,4096; --quick 1,16,256)"
@@ -752,7 +1058,24 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--json", dest="json_file", metavar="FILE", default=None, help="write the figures the table learns from to FILE"
     )
-    tune.set_defaults(func=cmd_tune)
+
+
+#: Each verb's parser, in ``vllm-ir --help`` order: a new verb is one function added here.
+VERBS: list[Any] = [
+    _providers_parser,
+    _ops_parser,
+    _explain_parser,
+    _doctor_parser,
+    _bench_parser,
+    _tune_parser,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vllm-ir", description="Inspect and steer vllm-ir kernel dispatch.")
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    for add in VERBS:
+        add(sub)
     return parser
 
 
@@ -778,10 +1101,14 @@ def _one_line_warnings(message: Any, category: Any, filename: str, lineno: int, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    prog = f"vllm-ir {args.verb}" + (f" {args.providers_verb}" if getattr(args, "providers_verb", None) else "")
+    prog = args.prog
     shown, warnings.showwarning = warnings.showwarning, _one_line_warnings
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here rather than at exit
+        return status
+    except BrokenPipeError:
+        return _pipe_closed()
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -800,6 +1127,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         warnings.showwarning = shown
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout left (``| head``): say nothing, as a shell tool, and exit 141.
+
+    What is still buffered cannot be written; stdout is pointed at /dev/null so the
+    interpreter's own flush at exit does not raise (and print) the same error again.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured): nothing to redirect
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

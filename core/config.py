@@ -222,20 +222,34 @@ def _priority(table: dict[str, Any], values: dict[str, Any], bad: Any, where: An
                 names = _names(providers)
                 if names is None or not names:
                     bad(("priority", key, op), f"must be a non-empty list of provider names, not {providers!r}",
-                        f'write {op} = ["native"]')  # fmt: skip
+                        f"write {op} = {_as_list(providers)}")  # fmt: skip
                 else:
                     per_mode[key][op] = names
                     per_mode_where[key][op] = where("priority", key, op)
             continue
         names = _names(value)
-        if names is None or not names:
+        if isinstance(value, dict):  # [priority.eagr]: a table, so meant as a mode
+            mode = next((m for m in MODES if env.did_you_mean(key, [m])), None)
+            close = f"; did you mean {mode!r}?" if mode else ""
+            bad(("priority", key), f"[priority.{key}] is not a mode; accepted: [priority.eager], "
+                f"[priority.compile] or op = [providers] in [priority]{close}",
+                f"rename the table [priority.{mode or 'eager'}]")  # fmt: skip
+        elif names is None or not names:
             bad(("priority", key), f"must be a non-empty list of provider names (or a [priority.eager] / "
-                f"[priority.compile] table), not {value!r}", f'write {key} = ["native"]')  # fmt: skip
+                f"[priority.compile] table), not {value!r}", f"write {key} = {_as_list(value)}")  # fmt: skip
         else:
             both[key] = names
             both_where[key] = where("priority", key)
     values["priority"] = {m: {**both, **per_mode[m]} for m in MODES}
     values["priority_where"] = {m: {**both_where, **per_mode_where[m]} for m in MODES}
+
+
+def _as_list(value: Any) -> str:
+    """The fix for a priority that is not a list of names: the names it holds as a TOML list
+    (``"aten"`` -> ``["aten"]``, ``"vllm_c, native"`` -> ``["vllm_c", "native"]``), else ``["native"]``."""
+    items = value if isinstance(value, list) else [value]
+    names = [n.strip() for v in items if isinstance(v, str) for n in v.split(",") if env.NAME.fullmatch(n.strip())]
+    return "[" + ", ".join(f'"{n}"' for n in dict.fromkeys(names or ["native"])) + "]"
 
 
 def _names(value: Any) -> tuple[str, ...] | None:

@@ -27,17 +27,22 @@ def get_logger(name: str) -> logging.Logger:
 def configure_from_env() -> None:
     """Apply ``VLLM_IR_LOG_LEVEL`` (unset: leave logging to the application).
 
-    A set level attaches one stderr handler to the ``vllm_ir`` logger; a malformed value is a
-    warning on that logger's last-resort handler, never an import error.
+    A set level attaches one stderr handler to the ``vllm_ir`` logger; a malformed value is
+    ignored as any malformed setting is (`vllm_ir.env`): one `ConfigWarning` and a ``vllm-ir
+    doctor`` problem, never an import error (a log record would go nowhere: the logger is silent).
     """
     global _handler
-    raw = os.environ.get(ENV_LOG_LEVEL, "").strip().upper()
+    value = os.environ.get(ENV_LOG_LEVEL, "")
+    raw = value.strip().upper()
     if not raw:
         return
     if raw not in LEVELS:
-        logging.getLogger("vllm_ir").warning(
-            "%s=%r is not a log level; expected one of %s", ENV_LOG_LEVEL, raw, ", ".join(LEVELS)
-        )
+        from vllm_ir import env  # only for the mistake: keeps `import vllm_ir` lean
+
+        message = f"{ENV_LOG_LEVEL}={value!r} is not a log level; accepted: {', '.join(LEVELS)} (any case)"
+        hint = env.did_you_mean(raw, LEVELS)
+        fix = f"set {ENV_LOG_LEVEL}=DEBUG or unset it"
+        env.report("log", [env.Finding(ENV_LOG_LEVEL, f"{message}{hint}; it is ignored", fix)])
         return
     logger.setLevel(raw)
     if _handler is None:

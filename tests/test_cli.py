@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import vllm_ir
 from tests.plugin_dists import GOOD_IMPL, make_dist
 
 
@@ -68,7 +70,7 @@ def test_providers_list_json_reports_status_and_reason(site):
 
 
 def test_providers_list_text_table_and_blocked(site):
-    result = run(site, "providers", "list", env={"VLLM_IR_DISABLE_PROVIDERS": "tp_cli_broken"})
+    result = run(site, "providers", "list", "--wide", env={"VLLM_IR_DISABLE_PROVIDERS": "tp_cli_broken"})
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[2:]}
     assert "blocked" in lines["tp_cli_broken"] and "VLLM_IR_DISABLE_PROVIDERS" in lines["tp_cli_broken"]
@@ -138,11 +140,11 @@ def test_a_malformed_environment_is_a_one_line_warning_not_a_failure(site):
 
 def test_doctor_reports_a_predicate_that_raises(site):
     result = run(site, "doctor", "--json")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # problems listed
     problems = [p for p in json.loads(result.stdout)["problems"] if p["status"] == "predicate error"]
     assert [p["provider"] for p in problems] == ["tp_cli_picky"]
     assert "op rms_norm: supports_args raised KeyError: 64" in problems[0]["reason"]
-    text = run(site, "doctor").stdout
+    text = run(site, "doctor", "--wide").stdout
     assert "tp_cli_picky: predicate error: op rms_norm: supports_args raised KeyError: 64" in text
 
 
@@ -159,15 +161,268 @@ def test_doctor_separates_not_for_this_machine_from_problems(site, tmp_path):
     make_dist(tmp_path, "tp-cli-acme", UNSUPPORTED_HERE)
     both = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(site), os.environ.get("PYTHONPATH", "")])}
     result = run(site, "doctor", "--json", env=both)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # tp_cli_broken failed
     report = json.loads(result.stdout)
     problems = {p["provider"] for p in report["problems"]}
     elsewhere = {n["provider"]: n for n in report["not_for_this_machine"]}
     assert "tp_cli_broken" in problems and "tp_cli_acme" not in problems
     assert elsewhere["tp_cli_acme"]["status"] == "unsupported here"
     assert elsewhere["tp_cli_acme"]["reason"] == "no Acme accelerator is visible"
-    text = run(site, "doctor", env=both).stdout
+    text = run(site, "doctor", "--wide", env=both).stdout
     problems_part, _, elsewhere_part = text.partition("not for this machine (expected here, nothing to fix):")
     problems_part = problems_part.partition("\nproblems:")[2]
     assert "tp_cli_broken: failed" in problems_part and "tp_cli_acme" not in problems_part
     assert "tp_cli_acme: unsupported here: no Acme accelerator is visible" in elsewhere_part
+
+
+# ---------------------------------------------------------------------------------------
+# For people: tables fit the terminal, one op at a time, every provider in explain
+
+MULTILINE_FAILURE = 'raise RuntimeError("kernels missing\\n  looked in /opt/acme\\n  and in /usr/lib")\n'
+
+
+def _with(site: Path, extra: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join([str(extra), str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_tables_fit_the_terminal_and_wide_does_not_wrap(site, tmp_path):
+    make_dist(tmp_path, "tp-cli-multiline", MULTILINE_FAILURE)
+    env = {**_with(site, tmp_path), "COLUMNS": "80"}
+    for verb in (["providers", "list"], ["ops"], ["ops", "rms_norm"], ["explain", "rms_norm"], ["doctor"]):
+        result = run(site, *verb, env=env)
+        assert result.returncode in (0, 1), result.stderr
+        too_wide = [line for line in result.stdout.splitlines() if len(line) > 80]
+        assert too_wide == [], (verb, too_wide)
+    narrow = run(site, "providers", "list", env={**env, "COLUMNS": "60"}).stdout
+    assert max(len(line) for line in narrow.splitlines()) <= 60
+    wide = run(site, "providers", "list", "--wide", env=env).stdout
+    assert max(len(line) for line in wide.splitlines()) > 80  # every implemented op listed, on one line
+
+
+def test_a_multi_line_reason_is_one_line_in_the_table_and_whole_in_json(site, tmp_path):
+    make_dist(tmp_path, "tp-cli-multiline", MULTILINE_FAILURE)
+    env = _with(site, tmp_path)
+    text = run(site, "providers", "list", "--wide", env=env).stdout
+    (row,) = [line for line in text.splitlines() if line.startswith("tp_cli_multiline")]
+    assert "RuntimeError: kernels missing (+2 more lines: --json)" in row
+    assert "looked in /opt/acme" not in text
+    records = {r["name"]: r for r in json.loads(run(site, "providers", "--json", env=env).stdout)["providers"]}
+    assert records["tp_cli_multiline"]["reason"].endswith("kernels missing\n  looked in /opt/acme\n  and in /usr/lib")
+
+
+def test_providers_alone_means_providers_list(site):
+    alone, listed = run(site, "providers", "--wide"), run(site, "providers", "list", "--wide")
+    assert alone.returncode == listed.returncode == 0, alone.stderr
+    assert alone.stdout == listed.stdout and "entry point" in alone.stdout
+    assert json.loads(run(site, "providers", "--json").stdout)["providers"]
+    bad = run(site, "providers", "lst")
+    assert bad.returncode == 2
+    assert "vllm-ir providers: error: argument command: invalid choice: 'lst'" in bad.stderr
+    assert "providers_" not in bad.stderr  # no internal name
+
+
+def test_ops_is_a_compact_list_and_ops_name_shows_one_op(site):
+    listing = run(site, "ops", "--wide")
+    assert listing.returncode == 0, listing.stderr
+    names = [o["name"] for o in json.loads(run(site, "ops", "--json").stdout)["ops"]]
+    rows = listing.stdout.splitlines()
+    assert rows[0].split() == ["op", "supported", "here", "eager", "priority"]
+    assert [r.split()[0] for r in rows[2 : 2 + len(names)]] == names  # one line per op
+    assert len(rows) == len(names) + 3  # header, rule, ops, the hint
+    one = run(site, "ops", "rms_norm")
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.startswith("rms_norm(Tensor x, Tensor? weight, float epsilon")
+    assert "priority (eager): " in one.stdout and "priority (compile): " in one.stdout
+    assert "silu_and_mul" not in one.stdout
+    assert [o["name"] for o in json.loads(run(site, "ops", "rms_norm", "--json").stdout)["ops"]] == ["rms_norm"]
+    unknown = run(site, "ops", "rms_nrom")
+    assert unknown.returncode == 2 and "argument names: unknown op 'rms_nrom'" in unknown.stderr
+    assert "did you mean 'rms_norm'?" in unknown.stderr
+
+
+def test_explain_lists_every_installed_provider(site):
+    ops = json.loads(run(site, "ops", "--json").stdout)["ops"]
+    installed = {i["provider"] for i in next(o for o in ops if o["name"] == "rms_norm")["implementations"]}
+    exp = json.loads(run(site, "explain", "rms_norm", "--json").stdout)
+    verdicts = {v["provider"]: v for v in exp["verdicts"]}
+    assert set(verdicts) == installed and {"native", "aten", "inductor", "tp_cli_good"} <= installed
+    for name in ("aten", "inductor", "tp_cli_good"):  # installed, named by no priority layer
+        assert verdicts[name]["status"] == "not in priority" and verdicts[name]["layer"] is None
+        assert "it would accept this call" in verdicts[name]["reason"]
+        assert f"VLLM_IR_OP_PRIORITY=rms_norm={name}" in verdicts[name]["reason"]
+    text = run(site, "explain", "rms_norm", "--wide").stdout
+    assert any(line.split()[:4] == ["aten", "not", "in", "priority"] for line in text.splitlines())
+
+
+# ---------------------------------------------------------------------------------------
+# For CI: exit codes, JSON documents, pipes
+
+QUIET = {"VLLM_IR_DISABLE_PLUGIN_AUTOLOAD": "1"}  # the core alone: no provider problems
+
+
+def test_doctor_exit_status_gates_ci(site, tmp_path):
+    assert run(site, "doctor").returncode == 1  # tp_cli_broken failed: a problem
+    clean = run(tmp_path, "doctor", env=QUIET)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "problems: none" in clean.stdout and "exit status" not in clean.stdout
+    absent = {**QUIET, "VLLM_IR_OP_PRIORITY": "rms_norm=vllm_c"}  # a known provider not installed here: a warning
+    assert run(tmp_path, "doctor", env=absent).returncode == 0
+    strict = run(tmp_path, "doctor", "--strict", env=absent)
+    assert strict.returncode == 1 and "exit status 1: --strict, and settings warned about" in strict.stdout
+    assert run(tmp_path, "doctor", "--strict", env=QUIET).returncode == 0
+    failing = run(site, "doctor", "--json")
+    assert failing.returncode == 1 and json.loads(failing.stdout)["problems"]
+    epilog = run(tmp_path, "doctor", "--help", env=QUIET).stdout
+    assert "exit status (for CI):" in epilog and "0    no problem listed" in epilog and "--strict" in epilog
+
+
+def test_an_invalid_log_level_is_a_warning_a_problem_and_a_listed_setting(tmp_path):
+    result = run(tmp_path, "doctor", "--json", env={**QUIET, "VLLM_IR_LOG_LEVEL": "verbose"})
+    assert result.returncode == 1
+    assert "VLLM_IR_LOG_LEVEL='verbose' is not a log level; accepted: CRITICAL, ERROR, WARNING" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["VLLM_IR_LOG_LEVEL"] == "verbose"
+    (problem,) = [p for p in report["problems"] if p["setting"] == "VLLM_IR_LOG_LEVEL"]
+    assert problem["status"] == "bad setting" and problem["fix"] == "set VLLM_IR_LOG_LEVEL=DEBUG or unset it"
+    fine = json.loads(run(tmp_path, "doctor", "--json", env={**QUIET, "VLLM_IR_LOG_LEVEL": "error"}).stdout)
+    assert fine["settings"]["VLLM_IR_LOG_LEVEL"] == "error" and not fine["problems"]
+
+
+SET_PRIORITY_ABSENT = """
+import json, warnings
+import vllm_ir
+from vllm_ir.cli import main
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    vllm_ir.set_priority(rms_norm=["tp_cli_acme", "native"])
+print(json.dumps([str(w.message) for w in caught if w.category is vllm_ir.ConfigWarning]))
+main(["doctor", "--json"])
+"""
+
+
+def test_set_priority_naming_a_provider_unsupported_here_warns_as_the_environment_does(site, tmp_path):
+    make_dist(tmp_path, "tp-cli-acme", UNSUPPORTED_HERE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
+    env["PYTHONPATH"] = _with(site, tmp_path)["PYTHONPATH"]
+    code = subprocess.run([sys.executable, "-c", SET_PRIORITY_ABSENT], capture_output=True, text=True, env=env)
+    warned_line, *doctor = code.stdout.splitlines()
+    (warned,) = json.loads(warned_line)
+    expected = "provider 'tp_cli_acme' for op 'rms_norm' is unsupported here (no Acme accelerator is visible)"
+    assert warned.startswith(f"set_priority: {expected}; calls use the next provider")
+    notes = json.loads("\n".join(doctor))["not_for_this_machine"]
+    assert any(n["setting"] == "set_priority" and expected in n["reason"] for n in notes)
+    from_env = run(
+        site, "doctor", "--json", env={**_with(site, tmp_path), "VLLM_IR_OP_PRIORITY": "rms_norm=tp_cli_acme"}
+    )
+    notes = json.loads(from_env.stdout)["not_for_this_machine"]
+    assert any(n["reason"].startswith(f"VLLM_IR_OP_PRIORITY: {expected}") for n in notes)  # the same words
+
+
+MACHINE_KEYS = {"platform", "device", "isa", "torch", "providers", "vllm_ir", "python", "os", "arch"}
+
+
+@pytest.mark.parametrize(
+    ("verb", "schema"),
+    [
+        (["providers"], "providers"),
+        (["providers", "list"], "providers"),
+        (["ops"], "ops"),
+        (["ops", "rms_norm"], "ops"),
+        (["explain", "rms_norm"], "explain"),
+        (["doctor"], "doctor"),
+    ],
+)
+def test_every_json_document_has_a_schema_and_the_machine(site, verb, schema):
+    doc = json.loads(run(site, *verb, "--json").stdout)
+    assert list(doc)[:2] == ["schema", "machine"]
+    assert doc["schema"] == f"vllm-ir.{schema}/1"
+    machine = doc["machine"]
+    assert set(machine) >= MACHINE_KEYS, set(machine) ^ MACHINE_KEYS
+    assert machine["platform"] == "cpu" and machine["isa"] and machine["vllm_ir"]
+    assert machine["providers"].get("tp_cli_good") == "1.0.0"  # each loaded provider's version
+
+
+def test_json_options_are_documented_in_help(tmp_path):
+    for verb in ("ops", "explain", "doctor", "providers"):
+        assert "schema vllm-ir." in run(tmp_path, verb, "--help", env=QUIET).stdout
+    bench = " ".join(run(tmp_path, "bench", "--help", env=QUIET).stdout.split())
+    assert "--json FILE write every figure to FILE (schema vllm-ir.bench/1" in bench and "takes a file" in bench
+
+
+@pytest.mark.parametrize("verb", [["doctor"], ["ops"], ["providers"]])
+def test_a_closed_pipe_exits_quietly(tmp_path, verb):
+    """``vllm-ir doctor | head -3``: the reader goes away; no traceback, the shell's status for it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
+    env.update(QUIET)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm_ir", *verb], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    proc.stdout.close()  # the reader is gone before the first write
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+# ---------------------------------------------------------------------------------------
+# explain --shape is the input's shape, and answers as a real call does
+
+REAL_CALLS = [
+    ("silu_and_mul", (16, 4097), lambda x: (x,)),  # an odd gated width: vllm_c declines
+    ("silu_and_mul", (16, 4096), lambda x: (x,)),
+    ("mul_and_silu", (3, 7), lambda x: (x,)),
+    ("gelu_and_mul", (2, 3, 64), lambda x: (x, "none")),
+    ("gelu_new", (5, 33), lambda x: (x,)),
+    ("rms_norm", (16, 4096), lambda x: (x, torch.ones(x.shape[-1], dtype=x.dtype), 1e-6)),
+    ("rms_norm", (4, 7), lambda x: (x, torch.ones(x.shape[-1], dtype=x.dtype), 1e-6)),
+    ("fused_add_rms_norm", (8, 64), lambda x: (x, torch.randn_like(x), torch.ones(x.shape[-1], dtype=x.dtype), 1e-6)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize(
+    ("op_name", "shape", "make_args"), REAL_CALLS, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else None
+)
+def test_explain_shape_is_the_input_shape_and_answers_as_a_real_call(capsys, op_name, shape, make_args, dtype):
+    from vllm_ir import cli
+
+    text = "x".join(map(str, shape))
+    assert cli.main(["explain", op_name, "--shape", text, "--dtype", dtype, "--device", "cpu", "--json"]) == 0
+    exp = json.loads(capsys.readouterr().out)
+    assert exp["shape"] == list(shape) and exp["shape_of"] == "x"
+    torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+    x = torch.randn(shape).to(torch_dtype)
+    real = getattr(vllm_ir.ops, op_name).dispatch(*make_args(x)).provider
+    assert exp["chosen"] == real, exp["verdicts"]
+
+
+def test_a_gated_op_with_an_odd_width_is_declined_as_in_a_real_call(capsys):
+    from vllm_ir import cli
+
+    assert cli.main(["explain", "silu_and_mul", "--shape", "16x4097", "--json"]) == 0
+    verdicts = {v["provider"]: v for v in json.loads(capsys.readouterr().out)["verdicts"]}
+    if "vllm_c" in verdicts and verdicts["vllm_c"]["status"] != "not in priority":
+        assert verdicts["vllm_c"]["status"] == "declined" and "4097" in verdicts["vllm_c"]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("text", "dtype"),
+    [("bf16", "bfloat16"), ("BF16", "bfloat16"), ("fp16", "float16"), ("half", "float16"), ("fp32", "float32"),
+     ("float", "float32"), ("torch.bfloat16", "bfloat16"), ("float64", "float64")],
+)  # fmt: skip
+def test_dtype_aliases_are_accepted_wherever_dtype_is(text, dtype):
+    from vllm_ir import cli
+
+    assert cli._parse_dtype(text) is getattr(torch, dtype)
+    assert cli._parse_dtypes(f"{text},fp32") == list(dict.fromkeys([getattr(torch, dtype), torch.float32]))
+    for verb in (["explain", "rms_norm"], ["bench", "rms_norm"], ["tune"]):
+        assert cli.build_parser().parse_args([*verb, "--dtype", text]).dtype in (
+            getattr(torch, dtype),
+            [getattr(torch, dtype)],
+        )
+
+
+def test_mode_and_shape_have_help(tmp_path):
+    text = " ".join(run(tmp_path, "explain", "--help", env=QUIET).stdout.split())
+    assert "--mode {eager,compile} the dispatch to explain: eager" in text
+    assert "shape of the op's first input (x; rotary_embedding: query)" in text
