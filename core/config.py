@@ -30,6 +30,7 @@ file, the line (where it can be found) and the key; like a malformed environment
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -258,9 +259,14 @@ def _names(value: Any) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(v.strip() for v in value))
 
 
-_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
 _KEY = r"(?:[A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')"
-_ASSIGN = re.compile(rf"^\s*({_KEY}(?:\s*\.\s*{_KEY})*)\s*=")
+
+
+@functools.cache
+def _line_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """A table header and a key assignment: compiled when a config file has a problem to place,
+    not at ``import vllm_ir``."""
+    return re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$"), re.compile(rf"^\s*({_KEY}(?:\s*\.\s*{_KEY})*)\s*=")
 
 
 def _key_parts(text: str) -> tuple[str, ...]:
@@ -270,14 +276,15 @@ def _key_parts(text: str) -> tuple[str, ...]:
 def line_of(lines: list[str], key: tuple[str, ...]) -> int | None:
     """1-based line where ``key`` (a dotted path) is assigned or its table opens, best effort."""
     table: tuple[str, ...] = ()
+    header_pattern, assign_pattern = _line_patterns()
     for number, line in enumerate(lines, 1):
-        header = _HEADER.match(line)
+        header = header_pattern.match(line)
         if header:
             table = _key_parts(header.group(1))
             if table == key:
                 return number
             continue
-        assign = _ASSIGN.match(line)
+        assign = assign_pattern.match(line)
         if assign and table + _key_parts(assign.group(1)) == key:
             return number
     return None

@@ -429,3 +429,36 @@ def test_explain_of_a_provider_no_plugin_offers_keeps_the_plain_reason(site, mon
         "tp_fine",
         "no 'tp_fine' implementation of fused_add_rms_norm is registered",
     )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "vllm-ir>=0.1,<0.2",
+        "vllm_ir >= 0.1",
+        "VLLM.IR (>=0.1, <0.2)",
+        "vllm-ir",
+        "vllm-ir>=99",
+        "vllm-ir>=0.1; python_version >= '3'",
+        "vllm-ir>=99; extra == 'test'",
+        "vllm-ir[extra]>=99",
+        "vllm-ir>=zz",
+        "vllm-irx>=99",
+        "torch>=2.6",
+        "not a requirement !!",
+    ],
+)
+def test_core_requirement_reads_as_packaging_does(line):
+    """The light path (no ``packaging.requirements`` at start-up) agrees with packaging's full grammar."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        req = Requirement(line)
+    except InvalidRequirement:
+        expected = None
+    else:
+        applies = canonicalize_name(req.name) == "vllm-ir" and not (req.marker and not req.marker.evaluate({"extra": ""}))
+        expected = str(req.specifier) if applies else None
+    got = plugins._core_specifier(line)
+    assert (None if got is None else str(got)) == expected

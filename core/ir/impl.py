@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import linecache
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,31 +52,60 @@ def reason_of(verdict: object, default: str) -> str:
 
 class RegistrationStack(Sequence[str]):
     """Where an op or implementation was registered: `traceback.format_stack` lines, innermost
-    last (vLLM keeps the same on its ops). The frames are taken at registration, their source
-    lines read when first shown: a registration costs ~0.1 ms instead of ~0.3."""
+    last (vLLM keeps the same on its ops). Only (file, line, function) is taken at registration,
+    the frames' summaries and source lines when first shown: start-up registers ~110 ops and
+    implementations, each from an import ~30 frames deep."""
 
-    __slots__ = ("_frames", "_lines")
+    __slots__ = ("_frames", "_lines", "_where")
 
     def __init__(self, frames: Sequence[traceback.FrameSummary] = ()):
-        self._frames = tuple(frames)
+        self._where: tuple[tuple[str, int | None, str], ...] = ()
+        self._frames: tuple[traceback.FrameSummary, ...] | None = tuple(frames)
         self._lines: tuple[str, ...] | None = None
 
     @classmethod
     def here(cls, skip_files: Sequence[str] = ()) -> RegistrationStack:
         """The caller's stack without the frames of ``skip_files`` and of the import machinery."""
-        summary = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(1)), lookup_lines=False)
-        return cls(
-            [f for f in reversed(summary) if f.filename not in skip_files and not f.filename.startswith("<frozen ")]
-        )
+        where = []
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            filename = code.co_filename
+            if filename not in skip_files and not filename.startswith("<frozen "):
+                where.append((filename, frame.f_lineno, code.co_name))
+                linecache.lazycache(filename, frame.f_globals)  # as traceback does: sources of zipped modules
+            frame = frame.f_back
+        where.reverse()
+        stack = cls()
+        stack._where, stack._frames = tuple(where), None
+        return stack
+
+    @property
+    def frames(self) -> tuple[traceback.FrameSummary, ...]:
+        """The frames, outermost first (source lines not read yet)."""
+        if self._frames is None:
+            self._frames = tuple(
+                traceback.FrameSummary(filename, lineno, name, lookup_line=False)
+                for filename, lineno, name in self._where
+            )
+        return self._frames
 
     @property
     def lines(self) -> tuple[str, ...]:
         if self._lines is None:
-            self._lines = tuple(traceback.format_list(list(self._frames)))
+            frames = self.frames
+            for filename in {f.filename for f in frames}:
+                linecache.checkcache(filename)
+            self._lines = tuple(traceback.format_list(list(frames)))
         return self._lines
 
     def site(self) -> str:
         """The innermost frame on one line: ``file:line in function``."""
+        if self._frames is None:
+            if not self._where:
+                return "unknown place"
+            filename, lineno, name = self._where[-1]
+            return f"{filename}:{lineno} in {name}"
         if not self._frames:
             return "unknown place"
         f = self._frames[-1]
@@ -89,7 +119,7 @@ class RegistrationStack(Sequence[str]):
         return self.lines[i]
 
     def __len__(self) -> int:
-        return len(self._frames)
+        return len(self._where) if self._frames is None else len(self._frames)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.lines)
