@@ -197,7 +197,7 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
         else ("no providers installed (entry point group vllm_ir.providers)")
     )
     hint = ["(--wide: the ops each provider implements; vllm-ir ops NAME: one op)"] if columns and rows else []
-    notes = _wrap_lines([*hint, *_describe_provider_facts(facts), _describe_bridge(bridge)], columns)
+    notes = [*hint, *_describe_provider_facts(facts), _describe_bridge(bridge)]  # prose: the terminal wraps it
     _emit(args, payload, "\n".join([text, *notes]))
     return 0
 
@@ -277,12 +277,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
             )
             for op in ops
         ]
-        hint = "(vllm-ir ops NAME: its signature, implementations and priorities with their origins)"
-        blocks = [
-            "\n".join(
-                [_table(["op", "supported here", "eager priority"], rows, columns), *_wrap_lines([hint], columns)]
-            )
-        ]
+        hint = "(vllm-ir ops NAME: one op's signature, implementations and priorities)"
+        blocks = [_table(["op", "supported here", "eager priority"], rows, columns) + "\n" + hint]
     _emit(args, {"config": site, "ops": ops}, "\n\n".join(header + blocks))
     return 0
 
@@ -303,20 +299,7 @@ def _describe_op(op: dict[str, Any], columns: int | None) -> str:
         for mode, entries in op["priority"].items()
     ]
     table = _table(["provider", "supported here", "inplace", "batch-invariant", "from"], impl_rows, columns, indent=2)
-    return "\n".join([*_wrap_lines([op["signature"]], columns), table, *_wrap_lines(prio, columns, indent=2)])
-
-
-def _wrap_lines(lines: Sequence[str], columns: int | None, indent: int = 0) -> list[str]:
-    """Free-text lines within ``columns`` (a continuation indented two more); as they are without a limit."""
-    out: list[str] = []
-    for line in lines:
-        for part in line.splitlines() or [""]:
-            if columns is None:
-                out.append(" " * indent + part)
-                continue
-            lead = " " * (indent + len(part) - len(part.lstrip()))
-            out += textwrap.wrap(part, columns, initial_indent=" " * indent, subsequent_indent=lead + "  ") or [""]
-    return out
+    return "\n".join([op["signature"], table, *(f"  {line}" for line in prio)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -606,9 +589,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     call = f"{shape_of} [{', '.join(map(str, args.shape))}] {dtype} on {args.device}"
     rows = [(v["provider"], v["status"], v["source"] or "", v["reason"] or "") for v in verdicts]
     lines = [
-        *_wrap_lines([f"{exp.op} ({exp.mode}), {call}: chose {exp.chosen}"], columns),
+        f"{exp.op} ({exp.mode}), {call}: chose {exp.chosen}",
         _table(["provider", "verdict", "from", "reason"], rows, columns, indent=2),
-        *_wrap_lines([f"tuning: {exp.tuning}"] if exp.tuning else [], columns, indent=2),
+        *([f"  tuning: {exp.tuning}"] if exp.tuning else []),
     ]
     text = "\n".join(lines)
     if args.verbose:  # where the op and each implementation were registered (innermost frame last)
@@ -868,7 +851,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if status:
         why = "problems listed" if report["problems"] else "--strict, and settings warned about"
         lines.append(f"exit status {status}: {why}")
-    _emit(args, report, "\n".join(_wrap_lines(lines, _columns(args))))
+    _emit(args, report, "\n".join(lines))
     return status
 
 
@@ -962,7 +945,7 @@ def _explain_parser(sub: Any) -> None:
 
 def _doctor_parser(sub: Any) -> None:
     help_text = "environment, platform, Triton and provider problems with suggested fixes"
-    doctor = add_verb(sub, "doctor", help_text, cmd_doctor, epilog=DOCTOR_EPILOG)
+    doctor = add_verb(sub, "doctor", help_text, cmd_doctor, table=False, epilog=DOCTOR_EPILOG)
     doctor.add_argument(
         "--strict", action="store_true", help="also exit 1 for a setting that names something this machine lacks"
     )

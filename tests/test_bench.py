@@ -27,6 +27,9 @@ def test_bench_reports_figures_winner_and_dispatch(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
+    assert list(report)[:3] == ["schema", "machine", "machine_summary"] and report["schema"] == "vllm-ir.bench/1"
+    assert {"platform", "device", "isa", "torch", "providers", "vllm_ir", "python"} <= set(report["machine"])
+    assert report["machine"]["providers"]["aten"] and report["machine_summary"].startswith(report["machine"]["arch"])
     assert report["copy_bandwidth_gbps"] > 0
     rows = report["results"]
     names = ("rms_norm", "fused_add_rms_norm")

@@ -97,7 +97,7 @@ def test_ops_and_explain_show_the_config_origin(site):
     rms = next(o for o in ops["ops"] if o["name"] == "rms_norm")
     assert rms["priority"]["eager"][0] == {"provider": "tp_cfg_a", "layer": "config", "source": f"config {path}"}
     assert rms["priority"]["compile"][0]["layer"] != "config"  # [priority.eager] only
-    text = run(site, "ops", env=cli_env).stdout
+    text = run(site, "ops", "rms_norm", "--wide", env=cli_env).stdout  # one op in full: every origin
     assert f"tp_cfg_a [config {path}]" in text
 
 
@@ -149,6 +149,26 @@ def test_errors_name_file_line_and_key(site, monkeypatch):
     assert [e.provider for e in vllm_ir.ops.rms_norm.get_priority()] == without_config
     assert vllm_ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == without_config[0]
     assert vllm_ir.ir.priority.settings().fallback == "warn"
+
+
+def test_a_misspelt_mode_table_says_did_you_mean(tmp_path):
+    path = _write(tmp_path, '[priority.eagr]\nrms_norm = ["aten"]\n[priority.sometimes]\nrms_norm = ["aten"]\n')
+    eagr, sometimes = config.load({"VLLM_IR_CONFIG": path}).findings
+    assert eagr.message.startswith(f"config {path}, line 1, key priority.eagr: [priority.eagr] is not a mode")
+    assert "did you mean 'eager'?" in eagr.message and eagr.fix == "rename the table [priority.eager]"
+    assert "did you mean" not in sometimes.message
+    assert "accepted: [priority.eager], [priority.compile]" in sometimes.message
+
+
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [('"aten"', '["aten"]'), ('"vllm_c, native"', '["vllm_c", "native"]'), ("[]", '["native"]'), ("3", '["native"]')],
+)
+def test_a_priority_that_is_not_a_list_gets_a_fix_with_its_own_names(tmp_path, value, fix):
+    path = _write(tmp_path, f"[priority]\nrms_norm = {value}\n[priority.compile]\nfused_add_rms_norm = {value}\n")
+    both, compile_only = config.load({"VLLM_IR_CONFIG": path}).findings
+    assert both.fix == f"write rms_norm = {fix}" and compile_only.fix == f"write fused_add_rms_norm = {fix}"
+    assert "must be a non-empty list of provider names" in both.message
 
 
 def test_invalid_toml_names_the_line_and_the_file_is_ignored(site, monkeypatch):
