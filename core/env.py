@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from vllm_ir.errors import PriorityError
+from vllm_ir.errors import ConfigError, ConfigWarning  # defined with the others; importable here too
 
 # Every variable, with what it takes (``vllm-ir doctor`` and the README list the same).
 ENV_PRIORITY = "VLLM_IR_OP_PRIORITY"
@@ -87,32 +87,6 @@ class Finding:
 
     def to_json(self) -> dict[str, object]:
         return {"setting": self.setting, "message": self.message, "fix": self.fix}
-
-
-class ConfigError(PriorityError):
-    """A setting (environment variable or config-file entry) is malformed or names something unknown.
-
-    The message names the variable (or file, line and key), the value and the accepted values;
-    `finding` carries the same with a suggested fix.
-    """
-
-    def __init__(self, finding: Finding | str, *, setting: str = "", fix: str = ""):
-        if isinstance(finding, str):
-            finding = Finding(setting, finding, fix)
-        super().__init__(finding.message)
-        self.finding = finding
-
-    @property
-    def setting(self) -> str:
-        return self.finding.setting
-
-    @property
-    def fix(self) -> str:
-        return self.finding.fix
-
-
-class ConfigWarning(UserWarning):
-    """A setting was ignored (malformed) or names something not available here; shown once each."""
 
 
 # ---------------------------------------------------------------------------------------

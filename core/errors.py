@@ -6,6 +6,8 @@ provider, so a user reading a traceback from deep inside a model knows where to 
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class VllmIrError(Exception):
     """Base class of every error raised by vllm-ir itself."""
@@ -26,6 +28,32 @@ class RegistrationError(VllmIrError, ValueError):
 
 class PriorityError(VllmIrError, ValueError):
     """A priority list (from code, environment or a context) names something unknown or is malformed."""
+
+
+class ConfigError(PriorityError):
+    """A setting (environment variable or config-file entry) is malformed or names something unknown.
+
+    The message names the variable (or file, line and key), the value and the accepted values;
+    `finding` (a `vllm_ir.env.Finding`) carries the same with a suggested fix. A `PriorityError`
+    because `vllm_ir.reload_env`, which re-reads the priority and policy settings, documents
+    raising one; also importable as ``vllm_ir.env.ConfigError``.
+    """
+
+    def __init__(self, finding: Any, *, setting: str = "", fix: str = ""):
+        if isinstance(finding, str):
+            from vllm_ir.env import Finding
+
+            finding = Finding(setting, finding, fix)
+        super().__init__(finding.message)
+        self.finding = finding
+
+    @property
+    def setting(self) -> str:
+        return self.finding.setting
+
+    @property
+    def fix(self) -> str:
+        return self.finding.fix
 
 
 class UnknownOpError(PriorityError, AttributeError):
@@ -51,6 +79,10 @@ class DonationError(VllmIrError, RuntimeError):
 
 class FallbackWarning(UserWarning):
     """A higher-priority provider declined a call and a lower one ran (``VLLM_IR_FALLBACK=warn``)."""
+
+
+class ConfigWarning(UserWarning):
+    """A setting was ignored (malformed) or names something not available here; shown once each."""
 
 
 class ProviderWarning(UserWarning):

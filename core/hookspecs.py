@@ -82,6 +82,14 @@ def vllm_ir_provider_facts() -> Mapping[str, str] | None:
     """
 
 
+@hookspec
+def vllm_ir_environment_variables() -> Mapping[str, str] | None:
+    """The environment variables this provider reads itself: ``{name: one line}`` (what it
+    takes and does), or None. ``vllm-ir doctor`` lists them, and does not take a set one for a
+    misspelling of vllm-ir's own. Called only by the CLI, never per op call.
+    """
+
+
 # ---------------------------------------------------------------------------------------
 # What a hook may return
 
@@ -157,6 +165,24 @@ def check_adjusted_priority(result: Any, *, op_name: str, before: Sequence[str])
                 f"{where}: added unknown provider {provider!r}; known providers of {op_name}: {known}"
             )
     return names
+
+
+def check_environment_variables(result: Any) -> dict[str, str]:
+    """``vllm_ir_environment_variables``: None or ``{NAME: one line}`` (names as environment
+    variables are written, descriptions on one line)."""
+    where = "vllm_ir_environment_variables"
+    if result is None:
+        return {}
+    if not isinstance(result, Mapping):
+        raise HookResultError(f"{where} returned {_show(result)}; expected a dict {{name: description}} or None")
+    out: dict[str, str] = {}
+    for name, description in _read(lambda: list(result.items()), where):
+        if not isinstance(name, str) or not name.isidentifier() or not name.isupper():
+            raise HookResultError(f"{where}: {_show(name)} is not a variable name (e.g. VLLM_IR_MY_OPTION)")
+        if not isinstance(description, str) or not description.strip() or "\n" in description.strip():
+            raise HookResultError(f"{where}: {name}'s description {_show(description)} is not one line of text")
+        out[name] = description.strip()
+    return out
 
 
 def _provider_names(value: Any, where: str) -> tuple[str, ...]:

@@ -219,7 +219,7 @@ def reset_for_tests() -> None:
         for record in _state.records.values():
             _withdraw(record)
         _state.__init__()  # type: ignore[misc]
-        for owner in (_OWNER_SETTINGS, _OWNER_PLATFORM):
+        for owner in (_OWNER_SETTINGS, _OWNER_PLATFORM, _OWNER_VARIABLES):
             env.clear(owner)
         from vllm_ir import config
 
@@ -507,6 +507,37 @@ def provider_facts() -> dict[str, dict[str, str]]:
     return facts
 
 
+def provider_variables() -> dict[str, tuple[str, str]]:
+    """Every environment variable a loaded plugin declares (`vllm_ir_environment_variables`):
+    name -> (plugin, one line), for ``vllm-ir doctor``. Display only: a hook that raises or
+    returns something else is left out and listed as a ``doctor`` problem (the plugin stays
+    loaded); the first plugin to declare a name keeps it."""
+    ensure_loaded()
+    declared: dict[str, tuple[str, str]] = {}
+    findings: list[Finding] = []
+    for impl in _hook_impls("vllm_ir_environment_variables"):
+        try:
+            names = hookspecs.check_environment_variables(impl.function())
+        except Exception as exc:
+            reason = (
+                str(exc)
+                if isinstance(exc, HookResultError)
+                else f"vllm_ir_environment_variables raised {_describe_exception(exc)}"
+            )
+            findings.append(
+                Finding(
+                    f"plugin {impl.plugin_name}",
+                    f"plugin {impl.plugin_name!r}: {reason}; its variables are not listed",
+                    "fix the plugin's hook (see vllm_ir.hookspecs)",
+                )
+            )
+            continue
+        for name, description in names.items():
+            declared.setdefault(name, (impl.plugin_name, description))
+    env.report(_OWNER_VARIABLES, findings, replace=True, warn=False)
+    return declared
+
+
 def interrupted_note(record: ProviderRecord) -> str:
     """``interrupted while importing plugin 'x' (distribution acme-x 1.0)``: added to the
     ``KeyboardInterrupt`` that stopped a plugin's import, which then propagates."""
@@ -730,6 +761,7 @@ def _describe_defaults(merged: Mapping[str, Sequence[tuple[str, str]]]) -> str:
 
 _OWNER_SETTINGS = "plugins"
 _OWNER_PLATFORM = "platform"
+_OWNER_VARIABLES = "plugin variables"
 
 
 def _env_flag(name: str) -> bool:

@@ -8,6 +8,7 @@ malformed value; an implicit read (discovery, an op call) ignores just that valu
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -264,3 +265,40 @@ def test_doctor_lists_every_bad_setting_with_its_fix(tmp_path):
     assert all(p["fix"] for p in problems.values())
     text = run(tmp_path, "doctor", env={"VLLM_IR_FALLBACK": "loud"}).stdout
     assert "bad setting: VLLM_IR_FALLBACK='loud' is not accepted" in text and "fix: set VLLM_IR_FALLBACK" in text
+
+
+# ---------------------------------------------------------------------------------------
+# One exception hierarchy
+
+#: Modules that define the errors vllm-ir raises (vllm_ir.passes' are imported lazily: Inductor).
+ERROR_MODULES = (
+    "errors",
+    "env",
+    "hookspecs",
+    "plugins",
+    "tracing",
+    "distributed",
+    "cli",
+    "passes.errors",
+    "passes.cache",
+)
+#: Still outside `VllmIrError` (issue 35): their modules are other owners' to change.
+OUTSIDE = {"vllm_ir.distributed.CollectiveError", "vllm_ir.passes.cache.FactsError", "vllm_ir.cli.UsageError"}
+
+
+def test_every_error_of_vllm_ir_is_a_vllm_ir_error():
+    found = {}
+    for name in ERROR_MODULES:
+        module = importlib.import_module(f"vllm_ir.{name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Exception) and not issubclass(value, Warning):
+                if value.__module__.startswith("vllm_ir"):
+                    found[f"{value.__module__}.{value.__qualname__}"] = value
+    outside = {n for n, cls in found.items() if not issubclass(cls, vllm_ir.VllmIrError)}
+    assert outside == OUTSIDE  # shrink OUTSIDE when one moves under VllmIrError
+    assert "vllm_ir.errors.ConfigError" in found
+    # The builtin bases stay: code that catches ValueError (or PriorityError) keeps catching them.
+    assert issubclass(ConfigError, ValueError) and issubclass(ConfigError, vllm_ir.PriorityError)
+    assert env.ConfigError is ConfigError and env.ConfigWarning is ConfigWarning is vllm_ir.errors.ConfigWarning
+    error = ConfigError("bad value", setting="VLLM_IR_X", fix="unset it")
+    assert (str(error), error.setting, error.fix) == ("bad value", "VLLM_IR_X", "unset it")

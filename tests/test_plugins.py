@@ -242,3 +242,50 @@ def test_explicit_load_first_does_not_prevent_autoload(site):
     make_dist(site, "tp-two", GOOD_IMPL.format(provider="tp_two"))
     vllm_ir.load_provider("tp_one")
     assert _record("tp_two").status is ProviderStatus.LOADED
+
+
+VARIABLES_HOOK = """
+import vllm_ir
+
+@vllm_ir.hookimpl
+def vllm_ir_environment_variables():
+    return {value}
+"""
+
+
+def test_plugins_declare_their_environment_variables(site):
+    make_dist(
+        site,
+        "tp-vars",
+        GOOD_IMPL.format(provider="tp_vars") + VARIABLES_HOOK.format(value='{"TP_VARS_MODE": "a or b"}'),
+    )
+    make_dist(
+        site, "tp-badvars", GOOD_IMPL.format(provider="tp_badvars") + VARIABLES_HOOK.format(value='{"lower": "x"}')
+    )
+    declared = plugins.provider_variables()
+    assert declared["TP_VARS_MODE"] == ("tp_vars", "a or b")
+    assert "lower" not in declared
+    (problem,) = [f for f in vllm_ir.env.findings() if "tp_badvars" in f.message]
+    assert "'lower' is not a variable name" in problem.message and "its variables are not listed" in problem.message
+    assert _record("tp_badvars").status is ProviderStatus.LOADED  # display only: the plugin keeps working
+    # The in-repo plugins declare what their READMEs document.
+    if "vllm_c" in {r.name for r in vllm_ir.provider_records()}:
+        assert declared["VLLM_IR_C_TABLES"][0] == "vllm_c"
+    if "oot_example" in {r.name for r in vllm_ir.provider_records()}:
+        assert declared["VLLM_IR_OOT_PLATFORM"][0] == "oot_example"
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        ("not a dict", "expected a dict"),
+        ({"VLLM_IR_X": "two\nlines"}, "is not one line"),
+        ({"VLLM_IR_X": 3}, "is not one line"),
+        ({3: "x"}, "is not a variable name"),
+    ],
+)
+def test_environment_variables_hook_results_are_checked(result, message):
+    with pytest.raises(vllm_ir.hookspecs.HookResultError, match=message):
+        vllm_ir.hookspecs.check_environment_variables(result)
+    assert vllm_ir.hookspecs.check_environment_variables(None) == {}
+    assert vllm_ir.hookspecs.check_environment_variables({"VLLM_IR_X": " one line "}) == {"VLLM_IR_X": "one line"}

@@ -84,6 +84,12 @@ def vllm_ir_platform():
 
 
 @vllm_ir.hookimpl
+def vllm_ir_environment_variables():
+    """The variables this plugin reads, so ``vllm-ir doctor`` lists them instead of calling them unknown."""
+    return {ENV_DEVICE_PRESENT: "1: the simulated oot_example device is plugged in (the platform claims the process)"}
+
+
+@vllm_ir.hookimpl
 def vllm_ir_default_priority(platform, mode):
     """The platform's own defaults come from PLATFORM.defaults; as a provider we add nothing elsewhere."""
     return None

@@ -42,6 +42,7 @@ __all__ = [
     "ExtensionStatus",
     "cpu_capability",
     "vllm_ir_default_priority",
+    "vllm_ir_environment_variables",
     "vllm_ir_provider_facts",
     "vllm_ir_tuning_tables",
 ]
@@ -83,6 +84,16 @@ def vllm_ir_provider_facts() -> Mapping[str, str]:
     from .activation import table_path
 
     return {"cpu_capability": str(cpu_capability()), "tables": table_path() or "unknown (library predates it)"}
+
+
+@hookimpl
+def vllm_ir_environment_variables() -> Mapping[str, str]:
+    """What the kernels and the build read (README "VLLM_IR_C_TABLES"), so ``doctor`` knows them."""
+    return {
+        "VLLM_IR_C_TABLES": "16-bit activation tables: unset or 1 (per machine), 0, lookup, computed or measure",
+        "VLLM_IR_C_CPU_CAPABILITY": "caps the CPU kernel variant (DEFAULT, AVX2, AVX512, AVX512_BF16)",
+        "VLLM_IR_C_STRICT_BUILD": "1: a failed kernel build fails pip install (read at build time)",
+    }
 
 
 @hookimpl
