@@ -302,3 +302,27 @@ def test_every_error_of_vllm_ir_is_a_vllm_ir_error():
     assert env.ConfigError is ConfigError and env.ConfigWarning is ConfigWarning is vllm_ir.errors.ConfigWarning
     error = ConfigError("bad value", setting="VLLM_IR_X", fix="unset it")
     assert (str(error), error.setting, error.fix) == ("bad value", "VLLM_IR_X", "unset it")
+
+
+def test_a_provider_of_other_machines_is_a_note_and_a_near_miss_a_typo():
+    """No provider names in the core: a name discovery does not know is a typo only when it is a
+    near miss of one it does (a shared setting may name a third-party provider absent here)."""
+    installed = ["aten", "inductor", "native", "vllm_c"]
+    notes = env.unknown_names("VLLM_IR_PROVIDERS", ["acme_kernels", "aiter"], installed, what="w", consequence="c")
+    assert [(f.here_only, "not installed here" in f.message) for f in notes] == [(True, True), (True, True)]
+    (typo,) = env.unknown_names("VLLM_IR_PROVIDERS", ["vlm_c"], installed, what="w", consequence="c")
+    assert (
+        not typo.here_only and "which is no known provider" in typo.message and "did you mean 'vllm_c'?" in typo.message
+    )
+
+
+def test_a_third_party_provider_in_a_deny_list_is_not_a_typo(site, monkeypatch):
+    make_dist(site, "tp-env-a", GOOD_IMPL.format(provider="tp_env_a"))
+    monkeypatch.setenv("VLLM_IR_DISABLE_PROVIDERS", "acme_kernels")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _records()
+    (message,) = [m for m in _config_warnings(caught) if "VLLM_IR_DISABLE_PROVIDERS" in m]
+    assert "names 'acme_kernels', which is not installed here" in message
+    (finding,) = [f for f in env.findings() if "acme_kernels" in f.message]
+    assert finding.here_only  # doctor: "not for this machine", not a problem
