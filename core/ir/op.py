@@ -177,8 +177,10 @@ class IrOp:
             provider may register both forms (same options): ``op(...)`` then runs the
             functional kernel, ``op.maybe_inplace(...)`` the in-place one, without clones.
         :param batch_invariant: results do not depend on the batch composition.
-        :param cacheable: False when the predicate looks beyond dtype, device, number of
-            dimensions, layout class (contiguous, unit inner stride, other) and scalar arguments.
+        :param cacheable: False when the predicate reads what the decision key leaves out
+            (`vllm_ir.ir.cache_key`: it keeps the scalar arguments and each tensor's dtype,
+            device, shape and strides, without the token count): the token count, tensor
+            values or state outside the call. It then runs on every call.
         :param exact: results are bit-identical to native's wherever the predicate accepts (as
             vLLM's activation kernels are to eager PyTorch); the conformance kit holds the
             claim to zero tolerance instead of the op's dtype tolerances.
