@@ -237,7 +237,7 @@ def report(owner: str, findings: Sequence[Finding], *, warn: bool = True, replac
         for f in findings:
             if f.message not in _warned:
                 _warned.add(f.message)
-                warnings.warn(f"{f.message} (fix: {f.fix})", ConfigWarning, stacklevel=_user_stacklevel())
+                warnings.warn(f"{f.message} (fix: {f.fix})", ConfigWarning, stacklevel=user_stacklevel())
 
 
 def clear(owner: str) -> None:
@@ -256,14 +256,17 @@ def forget_warnings() -> None:
     _warned.clear()
 
 
+#: Frames of vllm_ir itself: its modules and its generated entry points.
 _OWN_CODE = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<vllm_ir.")
 
 
-def _user_stacklevel() -> int:
-    """``stacklevel`` for a warning that points at the first frame outside vllm_ir (and importlib)."""
-    frame, level = sys._getframe(1), 1
+def user_stacklevel(*, skip_importlib: bool = True) -> int:
+    """``stacklevel`` for a warning its caller raises: the first frame outside vllm_ir (and,
+    with ``skip_importlib``, outside importlib, for settings read while a module imports). The
+    one walker of vllm_ir's warnings (`vllm_ir.ir.fallback` keeps its own for now)."""
+    frame, level = sys._getframe(1), 1  # 1: the function that calls warnings.warn
     while frame.f_back is not None and (
-        frame.f_code.co_filename.startswith(_OWN_CODE) or "importlib" in frame.f_code.co_filename
+        frame.f_code.co_filename.startswith(_OWN_CODE) or (skip_importlib and "importlib" in frame.f_code.co_filename)
     ):
         frame, level = frame.f_back, level + 1
     return level

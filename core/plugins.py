@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import re
-import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -414,19 +412,11 @@ def _fail(name: str, status: ProviderStatus, reason: str, exc: BaseException | N
     record = _record_failure(name, status, reason)
     if _env_flag(ENV_STRICT):
         raise PluginError(f"provider {name!r} ({record.distribution} {record.version}): {reason}") from exc
-    warnings.warn(f"vllm-ir provider {name!r} disabled: {reason}", RuntimeWarning, stacklevel=_caller_stacklevel())
-
-
-#: Frames of vllm_ir itself: its modules and its generated entry points.
-_OWN_CODE = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<vllm_ir.")
-
-
-def _caller_stacklevel() -> int:
-    """``stacklevel`` for a warning from `_fail` that points at the first line outside vllm_ir."""
-    frame, level = sys._getframe(1), 1  # 1: `_fail` itself
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_CODE):
-        frame, level = frame.f_back, level + 1
-    return level
+    warnings.warn(
+        f"vllm-ir provider {name!r} disabled: {reason}",
+        RuntimeWarning,
+        stacklevel=env.user_stacklevel(skip_importlib=False),
+    )
 
 
 def _record_failure(name: str, status: ProviderStatus, reason: str) -> ProviderRecord:
