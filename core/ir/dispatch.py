@@ -22,7 +22,7 @@ import torch
 from vllm_ir.ir import fast_lookup
 from vllm_ir.ir.aliasing import precise_donation_conflict
 from vllm_ir.ir.cache_key import bucket, first_token_count, freeze, tensor_facts
-from vllm_ir.ir.observe import profiler_enabled
+from vllm_ir.ir.observe import profiler_flag
 from vllm_ir.ir.priority import current_scope, labelled_scope
 from vllm_ir.log import get_logger
 
@@ -80,7 +80,7 @@ def build_entry_points(
         "_fx_tracing": torch.fx._symbolic_trace.is_fx_symbolic_tracing,
         "_grad_enabled": torch.is_grad_enabled,
         "_scope": current_scope,
-        "_profiling": profiler_enabled,
+        "_profiler": profiler_flag,
         "_labelled_scope": labelled_scope,
         "_cache": cache.decisions,
         "_fixed": cache.fixed,
@@ -213,7 +213,7 @@ def _python_path(name: str, signature: str, call: str, key: str, traced: str, gr
         f"    if _grad_enabled() and _needs_grad({call}):\n"
         f"        return {grad}\n"
         f"    _vi_scope = _scope()\n"
-        f"    if _profiling():\n"
+        f"    if _profiler._is_profiler_enabled:\n"
         f"        _vi_scope = _labelled_scope(_vi_scope)\n"
         f"    _vi_d = _fixed.get(_vi_scope)\n"
         f"    if _vi_d is None:\n"

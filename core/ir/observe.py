@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 #: Whether a profiler is recording in this thread (the function ``torch.profiler`` itself asks).
 profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+#: The module whose ``_is_profiler_enabled`` flag torch's profilers set on start and clear on stop:
+#: one attribute read, which the Python hot path can afford (`profiler_enabled` is a C call).
+profiler_flag = torch.autograd.profiler
 
 
 class Sink(Protocol):
