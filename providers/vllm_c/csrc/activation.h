@@ -54,6 +54,9 @@ struct SparseGeluArgs {
   int64_t d;
   const void* means;
   float std_multiplier;
+  // CPU only: write the sparse gate, relu(gate - cutoff) in x's dtype, instead of the product
+  // (the torch side then applies ATen's own gelu and multiply, see cpu/activation.cpp).
+  bool gate_only = false;
 };
 
 enum class ElementwiseKind : int32_t {

@@ -438,7 +438,22 @@ void sparse_gelu_rows(const SparseGeluArgs& a) {
         }
         return {std::get<0>(act) * std::get<0>(u), std::get<1>(act) * std::get<1>(u)};
       };
+      const auto sparse_gate = [&](const Pair& g) -> Pair {
+        auto [s0, s1] = round_float<T>(std::get<0>(g) - c, std::get<1>(g) - c);
+        return {at::vec::clamp_min(s0, zero), at::vec::clamp_min(s1, zero)};  // relu; NaN stays NaN
+      };
       int64_t i = 0;
+      if (a.gate_only) {
+        for (; i + kStep <= d; i += kStep) {
+          auto [y0, y1] = sparse_gate(load_float(gate + i));
+          store_float(o + i, y0, y1);
+        }
+        if (i < d) {
+          auto [y0, y1] = sparse_gate(load_float(gate + i, d - i));
+          store_float(o + i, y0, y1, d - i);
+        }
+        continue;
+      }
       for (; i + kStep <= d; i += kStep) {
         auto [y0, y1] = step(load_float(gate + i), load_float(up + i));
         store_float(o + i, y0, y1);
@@ -651,7 +666,10 @@ VLLM_IR_C_REGISTER_DISPATCH(sparse_gelu_stub, &CPU_CAPABILITY::sparse_gelu_kerne
 
 #if VLLM_IR_C_TORCH_SIDE
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/mean.h>
+#include <ATen/ops/mul.h>
 #include <torch/library.h>
 
 #include <string>
@@ -687,12 +705,41 @@ void swigluoai_and_mul_cpu(at::Tensor& out, const at::Tensor& input, double alph
 
 // The row means come from ATen's own mean over the gate as the caller gave it (the layout
 // native reduces): its fp32 summation order decides their rounding to x's dtype.
+//
+// Native's F.gelu runs on the sparse gate, a fresh contiguous tensor: there ATen takes oneDNN's
+// gelu for the erf form (fp32, and bf16 where oneDNN has bf16; its own polynomial, not ATen's
+// erf: 683 of 1000 N(0, 1) fp32 values and 661 of the 65536 bf16 values differ from ATen's
+// kernel), and for fp32 its elementwise loop computes the last elements of each thread's chunk
+// in scalar form (std::tanh for the tanh form). Neither is a function of one value that a
+// table or our vector form can give for every shape, so those calls (every erf call, every
+// fp32 call) write the sparse gate in x's dtype and run ATen's own gelu on it, in place, then
+// multiply by up as native does: native's bits by construction, one pass over the gate and two
+// over the product more than the fused kernel. 16-bit tanh calls keep the fused kernel (table
+// values of ATen's vector form): native's bits except where ATen's scalar form, on the last
+// (chunk length mod 2 vectors) elements of each thread's chunk of the flattened gate, rounds
+// differently, which it does for 4 of the 65536 bf16 values and 26 fp16 ones
+// (tests/test_provider_vllm_c.py counts them).
 void gelu_and_mul_sparse_cpu(at::Tensor& out, const at::Tensor& input, double std_multiplier,
                              const std::string& approximate) {
   const auto means = [&](const at::Tensor&) {
     return at::mean(input.narrow(-1, 0, input.size(-1) / 2), {-1}).contiguous();
   };
-  run_sparse_gelu(out, input, std_multiplier, approximate, means, sparse_gelu_stub);
+  if (approximate == "tanh" && input.scalar_type() != at::kFloat) {
+    run_sparse_gelu(out, input, std_multiplier, approximate, means, sparse_gelu_stub);
+    return;
+  }
+  at::Tensor sparse_gate = at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto gate_only = [](SparseGeluArgs args) {
+    args.gate_only = true;
+    sparse_gelu_stub(args);
+  };
+  run_sparse_gelu(sparse_gate, input, std_multiplier, approximate, means, gate_only);
+  if (out.numel() == 0) {
+    return;
+  }
+  at::gelu_(sparse_gate, approximate);
+  const int64_t d = input.size(-1) / 2;
+  at::mul_out(out, sparse_gate, input.narrow(-1, d, d));
 }
 
 // What table16::Reader does on this machine (doctor, providers list): fixed per process.

@@ -90,7 +90,7 @@ bool stages_in_t(int64_t run) {
 // (memory-bound) then finds in cache.
 template <typename T, Fp8Format kFormat, bool kResidual, QuantKind kQuant, WeightKind kKind>
 void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, float* buf, T* stage,
-         float* group_absmax, fp8_vec::RowQuantizer<kFormat, T>& quantize_by) {
+         float* group_absmax, fp8_vec::RowQuantizer<kFormat, T>& quantize_by, const norm_vec::RowSplit& split) {
   const int64_t n = a.hidden;
   const T* x = static_cast<const T*>(a.input) + a.input_rows.offset(r);
   const T* res = kResidual ? static_cast<const T*>(a.residual) + a.residual_rows.offset(r) : nullptr;
@@ -114,7 +114,7 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
     }
     return v;
   };
-  const float inv_rms = norm_vec::inverse_rms(norm_vec::sum_of_squares(n, load, scalar), n, a.epsilon);
+  const float inv_rms = norm_vec::inverse_rms(norm_vec::sum_of_squares(n, load, scalar, split), n, a.epsilon);
   const fVec vinv_rms(inv_rms);
   const float bound = fp8_bound(kFormat);
   constexpr bool kDynamic = kQuant == QuantKind::kPerToken;
@@ -203,6 +203,7 @@ void row(const RmsNormQuantArgs& a, int64_t r, int64_t next, const float* w, flo
 
 template <typename T, Fp8Format kFormat, bool kResidual, QuantKind kQuant, WeightKind kKind>
 void rows(const RmsNormQuantArgs& a) {
+  const norm_vec::RowSplit split = norm_vec::aten_row_split(a.rows, a.hidden);  // outside the parallel region
   at::parallel_for(0, a.rows, grain_size(a.hidden), [&](int64_t begin, int64_t end) {
     // A weight of T widened once per task; an fp32 weight is used as is.
     const norm_vec::Fp32Weight<T> same(kKind == WeightKind::kSame ? a.weight : nullptr, a.hidden);
@@ -215,7 +216,7 @@ void rows(const RmsNormQuantArgs& a) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
       row<T, kFormat, kResidual, kQuant, kKind>(a, r, next, w, buf.data(), staged ? stage.data() : nullptr,
-                                                group_absmax.data(), quantize_by);
+                                                group_absmax.data(), quantize_by, split);
     }
   });
 }

@@ -51,7 +51,9 @@ using float_vec::load_float;
 using float_vec::store_float;
 using norm_vec::Fp32Weight;
 using norm_vec::inverse_rms;
+using norm_vec::aten_row_split;
 using norm_vec::prefetch_step;
+using norm_vec::RowSplit;
 using norm_vec::sum_of_squares;
 using norm_vec::weighted;
 using norm_vec::WeightKind;
@@ -69,9 +71,10 @@ int64_t grain_size(int64_t hidden) {
 // rows
 
 template <typename T, WeightKind kKind>
-void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, const T* next_x, T* next_out) {
+void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, const T* next_x, T* next_out,
+                  const RowSplit& split) {
   const float sum = sum_of_squares(
-      n, [&](int64_t d) { return load_float(x + d); }, [&](int64_t d) { return static_cast<float>(x[d]); });
+      n, [&](int64_t d) { return load_float(x + d); }, [&](int64_t d) { return static_cast<float>(x[d]); }, split);
 
   const float scale = inverse_rms(sum, n, epsilon);
   int64_t d = 0;
@@ -95,7 +98,7 @@ void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, 
 // faster, and slower out of place at fp32 [256, 4096]: 214 vs 179-200 us on the 2-core VM).
 template <typename T, WeightKind kKind>
 void fused_add_rms_norm_row(T* out, T* residual_out, const T* x, const T* residual, const float* w, int64_t n,
-                            float epsilon, T* next_out, T* next_residual_out) {
+                            float epsilon, T* next_out, T* next_residual_out, const RowSplit& split) {
   // Pass 1 only reads; pass 2 recomputes the fp32 sum from both rows (now in cache) rather
   // than from the stored residual, which is rounded: the norm is of the fp32 sum.
   const float sum = sum_of_squares(
@@ -105,7 +108,7 @@ void fused_add_rms_norm_row(T* out, T* residual_out, const T* x, const T* residu
         auto [r0, r1] = load_float(residual + d);
         return std::make_tuple(x0 + r0, x1 + r1);
       },
-      [&](int64_t d) { return static_cast<float>(x[d]) + static_cast<float>(residual[d]); });
+      [&](int64_t d) { return static_cast<float>(x[d]) + static_cast<float>(residual[d]); }, split);
 
   const float scale = inverse_rms(sum, n, epsilon);
   const fVec scale_vec(scale);
@@ -148,19 +151,19 @@ class ChunkWeight {
 };
 
 template <typename T, WeightKind kKind>
-void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end) {
+void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end, const RowSplit& split) {
   auto* out = static_cast<T*>(a.out);
   const auto* x = static_cast<const T*>(a.input);
   const ChunkWeight<T, kKind> w(a.weight, a.hidden);
   for (const auto r : c10::irange(begin, end)) {
     const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
     rms_norm_row<T, kKind>(out + a.out_rows.offset(r), x + a.input_rows.offset(r), w.data(), a.hidden, a.epsilon,
-                           x + a.input_rows.offset(next), out + a.out_rows.offset(next));
+                           x + a.input_rows.offset(next), out + a.out_rows.offset(next), split);
   }
 }
 
 template <typename T, WeightKind kKind>
-void fused_add_rms_norm_rows(const FusedAddRmsNormArgs& a, int64_t begin, int64_t end) {
+void fused_add_rms_norm_rows(const FusedAddRmsNormArgs& a, int64_t begin, int64_t end, const RowSplit& split) {
   auto* out = static_cast<T*>(a.out);
   auto* residual_out = static_cast<T*>(a.residual_out);
   const auto* x = static_cast<const T*>(a.input);
@@ -171,7 +174,7 @@ void fused_add_rms_norm_rows(const FusedAddRmsNormArgs& a, int64_t begin, int64_
     fused_add_rms_norm_row<T, kKind>(out + a.out_rows.offset(r), residual_out + a.residual_out_rows.offset(r),
                                      x + a.input_rows.offset(r), residual + a.residual_rows.offset(r), w.data(),
                                      a.hidden, a.epsilon, out + a.out_rows.offset(next),
-                                     residual_out + a.residual_out_rows.offset(next));
+                                     residual_out + a.residual_out_rows.offset(next), split);
   }
 }
 
@@ -191,18 +194,22 @@ void with_weight_kind(const Args& a, const Rows& rows) {
 // entry points: this capability's slots of the stubs
 
 void rms_norm_kernel(const RmsNormArgs& args) {
+  const RowSplit split = aten_row_split(args.rows, args.hidden);  // outside the parallel region
   VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::rms_norm (cpu)", [&] {
     at::parallel_for(0, args.rows, grain_size(args.hidden), [&](int64_t begin, int64_t end) {
-      with_weight_kind<scalar_t>(args, [&](auto kind) { rms_norm_rows<scalar_t, decltype(kind)::value>(args, begin, end); });
+      with_weight_kind<scalar_t>(
+          args, [&](auto kind) { rms_norm_rows<scalar_t, decltype(kind)::value>(args, begin, end, split); });
     });
   });
 }
 
 void fused_add_rms_norm_kernel(const FusedAddRmsNormArgs& args) {
+  const RowSplit split = aten_row_split(args.rows, args.hidden);
   VLLM_IR_C_DISPATCH_FLOATING_TYPES(args.dtype, "vllm_ir_c::fused_add_rms_norm (cpu)", [&] {
     at::parallel_for(0, args.rows, grain_size(args.hidden), [&](int64_t begin, int64_t end) {
-      with_weight_kind<scalar_t>(
-          args, [&](auto kind) { fused_add_rms_norm_rows<scalar_t, decltype(kind)::value>(args, begin, end); });
+      with_weight_kind<scalar_t>(args, [&](auto kind) {
+        fused_add_rms_norm_rows<scalar_t, decltype(kind)::value>(args, begin, end, split);
+      });
     });
   });
 }
@@ -220,9 +227,14 @@ VLLM_IR_C_REGISTER_DISPATCH(fused_add_rms_norm_stub, &CPU_CAPABILITY::fused_add_
 
 #if VLLM_IR_C_TORCH_SIDE
 
+#include <ATen/TensorIterator.h>
 #include <torch/library.h>
 
 namespace vllm_ir_c {
+
+static_assert(CPU_CAPABILITY::norm_vec::kAtenGrainSize == at::internal::GRAIN_SIZE,
+              "norm_vec's copy of ATen's grain size (which decides how ATen splits a lone row's sum)");
+
 namespace {
 
 void rms_norm_cpu(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
