@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from _thread import get_ident
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -93,12 +94,15 @@ class Trace:
             raise ValueError(f"vllm_ir.trace: max_events must be >= 0, got {max_events}")
         self.model = model
         self.max_events = max_events
-        self.rows: dict[RowKey, _Row] = {}
-        #: (module path, op, provider, form) -> calls
-        self.module_calls: Counter[tuple[str, str, str, str]] = Counter()
-        #: (op, provider that ran, ((declined provider, reason), ...)) -> calls
-        self.fallbacks: Counter[tuple[str, str, tuple[tuple[str, str], ...]]] = Counter()
-        self.events: deque[list[Any]] = deque(maxlen=max_events)
+        #: Per (call site, dtype, token-count bit length): the hot structure `record` updates;
+        #: `rows` names it. Merged traces of other processes add to ``_merged_rows`` instead.
+        self._raw: dict[tuple[CallSite, Any, int], _Row] = {}
+        self._merged_rows: dict[RowKey, _Row] = {}
+        #: (module path, call site) -> calls (with a model); merged: (module, op, provider, form) -> calls.
+        self._raw_modules: Counter[tuple[str, CallSite]] = Counter()
+        self._merged_modules: Counter[tuple[str, str, str, str]] = Counter()
+        self._merged_fallbacks: Counter[tuple[str, str, tuple[tuple[str, str], ...]]] = Counter()
+        self.events: deque[tuple[Any, ...]] = deque(maxlen=max_events)
         self.calls = 0
         #: Reports of the graphs compiled (or served from Inductor's cache) while tracing, as JSON.
         self.compiled: list[dict[str, Any]] = []
@@ -107,8 +111,9 @@ class Trace:
         self.started: float | None = None
         self.ended: float | None = None
         self._lock = threading.Lock()
-        self._pending: deque[tuple[list[Any], _Row, Any]] = deque()
-        self._local = threading.local()
+        self._pending: deque[tuple[_Row, Any]] = deque()
+        #: Thread -> the module paths entered (with a model; None: calls are not attributed).
+        self._stacks: dict[int, list[str]] | None = None
         self._hooks: list[Any] = []
         self._tokens: list[Any] = []
         self._records_before: dict[int, set[int]] = {}
@@ -118,42 +123,80 @@ class Trace:
     # -- recording ------------------------------------------------------------------------
 
     def record(self, site: CallSite, args: tuple, start_ns: int, duration: Any) -> None:
-        """One call (`vllm_ir.ir.observe`): ``duration`` is ns, or a pair of CUDA events."""
-        tensors = site.tensors(args)
-        dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else "-"
-        tokens = site.token_count(args)
-        stack = getattr(self._local, "stack", None)
-        module = stack[-1] if stack else OUTSIDE
-        key = (site.op.name, site.provider, site.form, dtype, token_range(tokens))
-        cuda = not isinstance(duration, int)
-        event = [start_ns, 0 if cuda else duration, site, dtype, [tuple(t.shape) for t in tensors], tokens, module]
+        """One call (`vllm_ir.ir.observe`): ``duration`` is ns, or a pair of CUDA events.
+
+        Kept to a few dict and deque operations (the issue's budget is 1 us per call): names,
+        ranges and medians are worked out when the trace is read."""
+        first = site.first_tensor
+        dtype = args[first].dtype if first is not None else None
+        shapes = tuple(a.shape for a in map(args.__getitem__, site.tensor_indices) if a is not None)
+        tokens = site.token_count(args) if site.token_indices else None
+        bits = 0 if tokens is None else (tokens if tokens > 0 else 1).bit_length()
+        module = OUTSIDE
+        stacks = self._stacks
+        if stacks is not None:
+            stack = stacks.get(get_ident())
+            if stack:
+                module = stack[-1]
+        key = (site, dtype, bits)
         with self._lock:
             self.calls += 1
-            row = self.rows.get(key)
+            row = self._raw.get(key)
             if row is None:
-                row = self.rows[key] = _Row()
-            if cuda:
-                row.calls += 1
-                self._pending.append((event, row, duration))
+                row = self._raw[key] = _Row()
+            row.calls += 1
+            if type(duration) is int:
+                row.total_ns += duration
+                row.samples.append(duration)
+            else:
+                self._pending.append((row, duration))
                 if len(self._pending) > MAX_PENDING_EVENTS:
                     self._resolve(len(self._pending) // 2)
-            else:
-                row.add(duration)
-            self.module_calls[(module, site.op.name, site.provider, site.form)] += 1
-            if site.skipped:
-                self.fallbacks[(site.op.name, site.provider, site.skipped)] += 1
-            self.events.append(event)
+            if stacks is not None:
+                self._raw_modules[(module, site)] += 1
+            self.events.append((start_ns, duration, site, dtype, shapes, tokens, module, get_ident()))
 
     def _resolve(self, count: int | None = None) -> None:
         """Read the CUDA events of ``count`` pending calls (all: None), oldest first."""
         n = len(self._pending) if count is None else count
         for _ in range(n):
-            event, row, (begin, end) = self._pending.popleft()
-            end.synchronize()
-            ns = int(begin.elapsed_time(end) * 1e6)
-            event[1] = ns
+            row, events = self._pending.popleft()
+            ns = _cuda_ns(events)
             row.total_ns += ns
             row.samples.append(ns)
+
+    @property
+    def rows(self) -> dict[RowKey, _Row]:
+        """Per (op, provider, form, dtype, token range): calls, total and recent durations."""
+        out: dict[RowKey, _Row] = {}
+        with self._lock:
+            raw = list(self._raw.items())
+        named = [((s.op.name, s.provider, s.form, _dtype_name(d), _range_of_bits(b)), r) for (s, d, b), r in raw]
+        for key, row in [*named, *self._merged_rows.items()]:
+            into = out.get(key)
+            if into is None:
+                into = out[key] = _Row()
+            into.calls += row.calls
+            into.total_ns += row.total_ns
+            into.samples.extend(row.samples)
+        return out
+
+    @property
+    def module_calls(self) -> Counter[tuple[str, str, str, str]]:
+        """(module path, op, provider, form) -> calls."""
+        out = Counter(self._merged_modules)
+        for (module, site), n in list(self._raw_modules.items()):
+            out[(module, site.op.name, site.provider, site.form)] += n
+        return out
+
+    @property
+    def fallbacks(self) -> Counter[tuple[str, str, tuple[tuple[str, str], ...]]]:
+        """(op, provider that ran, ((declined provider, reason), ...)) -> calls."""
+        out = Counter(self._merged_fallbacks)
+        for (site, _dtype, _bits), row in list(self._raw.items()):
+            if site.skipped:
+                out[(site.op.name, site.provider, site.skipped)] += row.calls
+        return out
 
     # -- the block --------------------------------------------------------------------------
 
@@ -188,19 +231,17 @@ class Trace:
     def _install_hooks(self) -> None:
         if self.model is None:
             return
-        local = self._local
+        stacks: dict[int, list[str]] = {}
+        self._stacks = stacks
 
         def enter(name: str) -> Any:
             def hook(module: Any, args: Any) -> None:
-                stack = getattr(local, "stack", None)
-                if stack is None:
-                    stack = local.stack = []
-                stack.append(name)
+                stacks.setdefault(get_ident(), []).append(name)
 
             return hook
 
         def leave(module: Any, args: Any, output: Any) -> None:
-            stack = getattr(local, "stack", None)
+            stack = stacks.get(get_ident())
             if stack:
                 stack.pop()
 
@@ -368,14 +409,14 @@ class Trace:
         self.calls += data["calls"]
         self.reference = self.reference or data.get("reference")
         for r in data["rows"]:
-            row = self.rows.setdefault((r["op"], r["provider"], r["form"], r["dtype"], r["tokens"]), _Row())
+            row = self._merged_rows.setdefault((r["op"], r["provider"], r["form"], r["dtype"], r["tokens"]), _Row())
             row.calls += r["calls"]
             row.total_ns += r["total_ns"]
             row.samples.extend(r["recent_ns"])
         for m in data["modules"]:
-            self.module_calls[(m["module"], m["op"], m["provider"], m["form"])] += m["calls"]
+            self._merged_modules[(m["module"], m["op"], m["provider"], m["form"])] += m["calls"]
         for f in data["fallbacks"]:
-            self.fallbacks[(f["op"], f["provider"], tuple(tuple(s) for s in f["declined"]))] += f["calls"]
+            self._merged_fallbacks[(f["op"], f["provider"], tuple(tuple(s) for s in f["declined"]))] += f["calls"]
         self.compiled += data["compiled"]
         self._imported_events += data["events"]
         if data.get("started") is not None:
@@ -409,21 +450,36 @@ class Trace:
         _write(path, text, "Chrome trace")
 
 
-def _event_json(e: list[Any]) -> dict[str, Any]:
-    start, duration, site, dtype, shapes, tokens, module = e
+def _event_json(e: tuple[Any, ...]) -> dict[str, Any]:
+    start, duration, site, dtype, shapes, tokens, module, thread = e
     return {
         "start_ns": start,
-        "duration_ns": duration,
+        "duration_ns": duration if type(duration) is int else _cuda_ns(duration),
         "op": site.op.name,
         "provider": site.provider,
         "form": site.form,
-        "dtype": dtype,
+        "dtype": _dtype_name(dtype),
         "shapes": [list(s) for s in shapes],
         "tokens": tokens,
         "module": module,
         "pid": os.getpid(),
-        "tid": threading.get_ident() % (1 << 31),
+        "tid": thread % (1 << 31),
     }
+
+
+def _cuda_ns(events: tuple[Any, Any]) -> int:
+    begin, end = events
+    end.synchronize()
+    return int(begin.elapsed_time(end) * 1e6)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return "-" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _range_of_bits(bits: int) -> str:
+    """`token_range` of any count of this bit length (0: no token count)."""
+    return "-" if bits == 0 else token_range(1 << (bits - 1))
 
 
 def _write(path: str | os.PathLike[str], text: str, what: str) -> None:

@@ -12,6 +12,7 @@ runner puts the kernel inside one ``record_function`` range, ``vllm_ir::rms_norm
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +27,9 @@ if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
     from vllm_ir.ir.selection import Decision
 
-#: Whether a profiler is recording in this thread (the function ``torch.profiler`` itself asks).
-profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
 #: The module whose ``_is_profiler_enabled`` flag torch's profilers set on start and clear on stop:
-#: one attribute read, which the Python hot path can afford (`profiler_enabled` is a C call).
+#: one attribute read, which the Python hot path can afford. (The C lookup asks this thread's
+#: profiler state instead; a flag of the whole process only ever makes Python label more calls.)
 profiler_flag = torch.autograd.profiler
 
 
@@ -62,12 +62,12 @@ class CallSite:
     label: str
     #: Positions of the op's token parameters (their leading dimension is the token count).
     token_indices: tuple[int, ...]
+    #: Positions of the op's tensor parameters, and of the first (whose dtype and device the trace reports).
+    tensor_indices: tuple[int, ...]
+    first_tensor: int | None
 
     def token_count(self, args: tuple) -> int | None:
         return first_token_count(*(args[i] for i in self.token_indices)) if self.token_indices else None
-
-    def tensors(self, args: tuple) -> list[torch.Tensor]:
-        return [args[i] for i in self.op.tensor_param_indices if isinstance(args[i], torch.Tensor)]
 
 
 def observed(op: IrOp, decision: Decision, *, traced: bool, labelled: bool) -> Decision:
@@ -80,9 +80,12 @@ def observed(op: IrOp, decision: Decision, *, traced: bool, labelled: bool) -> D
     functional = "in-place on copies" if impl.inplace and op.activation_indices else "functional"
     names = list(op.signature.parameters)
     tokens = tuple(names.index(p) for p in op.token_params)
+    tensors = op.tensor_param_indices
+    required = [i for i, (name, optional) in zip(tensors, op.tensor_params.items(), strict=True) if not optional]
+    first = required[0] if required else None
     runners = []
     for attr, form in (("functional", functional), ("maybe_inplace", in_place)):
-        site = CallSite(op, impl.provider, form, decision.skipped, label, tokens)
+        site = CallSite(op, impl.provider, form, decision.skipped, label, tokens, tensors, first)
         runners.append(_traced(decision, attr, site) if traced else _labelled(decision, attr, label))
     return Decision(
         impl,
@@ -104,38 +107,37 @@ def _labelled(decision: Decision, attr: str, label: str) -> Callable[..., Any]:
 
 
 def _traced(decision: Decision, attr: str, site: CallSite) -> Callable[..., Any]:
+    first = site.first_tensor
+
     def run(*args: Any) -> Any:
         sink = active.get() or _process_sink[0]
         if sink is None:  # the block ended in another task that shares this scope
             return getattr(decision, attr)(*args)
-        cuda = _on_cuda(site, args)
-        if profiler_enabled():
-            with torch.profiler.record_function(site.label):
-                start, out, duration = _timed(decision, attr, args, cuda)
-        else:
-            start, out, duration = _timed(decision, attr, args, cuda)
+        cuda = first is not None and args[first].is_cuda
+        if cuda or profiler_flag._is_profiler_enabled:
+            start, out, duration = _timed(decision, attr, args, cuda, site.label)
+        else:  # the common case, inline: this wrapper's own cost is what tracing costs
+            start = perf_counter_ns()
+            out = getattr(decision, attr)(*args)
+            duration = perf_counter_ns() - start
         sink.record(site, args, start, duration)
         return out
 
     return run
 
 
-def _timed(decision: Decision, attr: str, args: tuple, cuda: bool) -> tuple[int, Any, Any]:
-    if cuda:  # events, read when the trace is summarised: no synchronisation per call
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def _timed(decision: Decision, attr: str, args: tuple, cuda: bool, label: str) -> tuple[int, Any, Any]:
+    """A call on a GPU (timed by events, read when the trace is summarised: no synchronisation
+    per call) or under a profiler (inside the call's named range)."""
+    labelled = profiler_flag._is_profiler_enabled
+    with torch.profiler.record_function(label) if labelled else contextlib.nullcontext():
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = perf_counter_ns()
+            begin.record()
+            out = getattr(decision, attr)(*args)
+            end.record()
+            return start, out, (begin, end)
         start = perf_counter_ns()
-        begin.record()
         out = getattr(decision, attr)(*args)
-        end.record()
-        return start, out, (begin, end)
-    start = perf_counter_ns()
-    out = getattr(decision, attr)(*args)
-    return start, out, perf_counter_ns() - start
-
-
-def _on_cuda(site: CallSite, args: tuple) -> bool:
-    for i in site.op.tensor_param_indices:
-        a = args[i]
-        if isinstance(a, torch.Tensor):
-            return a.is_cuda
-    return False
+        return start, out, perf_counter_ns() - start
