@@ -646,6 +646,7 @@ def _doctor_report() -> dict[str, Any]:
 
     import vllm_ir
     from vllm_ir import config, env, plugins
+    from vllm_ir.ir import priority
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # listed below as problems
@@ -725,6 +726,8 @@ def _doctor_report() -> dict[str, Any]:
         },
         "platform": platform_info,
         "eager_lookup": eager_lookup,
+        "reference_mode": priority.reference_reason(priority.current_scope()),
+        "tracing": {"process": priority.process_traced, "variable": env.ENV_TRACE},
         "triton": triton,
         "settings": {
             name: os.environ[name] for name in sorted((*env.VARIABLES, *_OTHER_VARIABLES)) if name in os.environ
@@ -816,6 +819,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         else f"platform: ERROR {p['error']}"
     )
     lines.append(f"eager dispatch lookup: {report['eager_lookup']['detail']}")
+    if report["reference_mode"]:
+        lines.append(f"REFERENCE MODE: every op runs native ({report['reference_mode']})")
+    if report["tracing"]["process"]:
+        lines.append(f"tracing: every op call of this process ({report['tracing']['variable']}=1)")
     tr = report["triton"]
     lines.append(
         f"triton: {tr['version']}" + (" (TRITON_INTERPRET=1: kernels run on CPU)" if tr["interpreter"] else "")
@@ -1043,6 +1050,35 @@ def _tune_parser(sub: Any) -> None:
     )
 
 
+def _trace_parser(sub: Any) -> None:
+    trace = add_verb(
+        sub,
+        "trace",
+        "run a command with every vllm-ir call traced; print what ran when it exits",
+        cmd_trace,
+        json_flag=False,
+        table=False,
+        epilog="Runs COMMAND (vllm-ir trace -- python serve.py) with VLLM_IR_TRACE=1. When it exits, prints the\n"
+        "merged trace of every Python process it started that imported vllm_ir: calls, time and fallbacks\n"
+        "per op, provider, dtype and token range, and the kernels of the graphs compiled.\n"
+        "Exit status: the command's (1 if a requested file could not be written).",
+    )
+    trace.add_argument("--json", dest="json_file", metavar="FILE", default=None, help="also write the trace to FILE")
+    trace.add_argument(
+        "--chrome", metavar="FILE", default=None, help="also write a Chrome trace (Perfetto, chrome://tracing) to FILE"
+    )
+    trace.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from vllm_ir import tracing
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("give the command to trace after --, e.g. vllm-ir trace -- python script.py")
+    return tracing.run_command(command, json_file=args.json_file, chrome_file=args.chrome)
+
+
 #: Each verb's parser, in ``vllm-ir --help`` order: a new verb is one function added here.
 VERBS: list[Any] = [
     _providers_parser,
@@ -1051,6 +1087,7 @@ VERBS: list[Any] = [
     _doctor_parser,
     _bench_parser,
     _tune_parser,
+    _trace_parser,
 ]
 
 
