@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from vllm_ir.errors import VllmIrError
+
 #: Activation dtypes the commands accept (the ops are floating-point ops).
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 #: Short names accepted wherever ``--dtype`` is (tables print ``bf16``, so people type it).
@@ -49,7 +51,7 @@ JSON_VERSION = 1
 EXIT_BROKEN_PIPE = 141
 
 
-class UsageError(Exception):
+class UsageError(VllmIrError):
     """A command-line argument is wrong (or cannot be honoured here): one line on stderr, exit 2."""
 
 
@@ -618,15 +620,16 @@ _OTHER_VARIABLES = ("VLLM_IR_LOG_LEVEL", "VLLM_IR_BUILD_EXTENSION")
 
 def _setting_findings() -> list[Any]:
     """Every problem with the environment and the config file, read now (what an op call would read)."""
-    from vllm_ir import env
+    from vllm_ir import env, plugins
     from vllm_ir.ir import priority, tuning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the doctor lists them; no need to warn as well
         priority.settings()
         tuning.layer()
+    declared = plugins.provider_variables()  # the plugins' own (vllm_ir_environment_variables)
     findings = env.findings()
-    known = (*env.VARIABLES, *_OTHER_VARIABLES)
+    known = (*env.VARIABLES, *_OTHER_VARIABLES, *declared)
     for name in sorted(os.environ):
         if name.startswith(("VLLM_IR_", "VLLM_BATCH")) and name not in known:
             close = env.did_you_mean(name, known)

@@ -24,6 +24,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from vllm_ir.errors import VllmIrError
+
 #: Substrings of back-end messages that mean a collective could not complete.
 _FAILURE_MARKERS = (
     "gloo",
@@ -39,7 +41,7 @@ _FAILURE_MARKERS = (
 )
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(VllmIrError, RuntimeError):
     """A collective that failed or timed out on this rank (see the module doc)."""
 
     def __init__(self, message: str, *, rank: int | None, world_size: int | None, group: str | None, collective: str):

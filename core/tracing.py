@@ -231,16 +231,25 @@ class Trace:
     def _install_hooks(self) -> None:
         if self.model is None:
             return
+        from torch import compiler as torch_compiler
+
         stacks: dict[int, list[str]] = {}
         self._stacks = stacks
 
+        # Under compile the hooks do nothing (Dynamo folds the test away): a compiled graph's
+        # modules come from its nodes' nn_module_stack, and a hook Dynamo cannot trace would split it.
+        compiling = torch_compiler.is_compiling
+
         def enter(name: str) -> Any:
             def hook(module: Any, args: Any) -> None:
-                stacks.setdefault(get_ident(), []).append(name)
+                if not compiling():
+                    stacks.setdefault(get_ident(), []).append(name)
 
             return hook
 
         def leave(module: Any, args: Any, output: Any) -> None:
+            if compiling():
+                return
             stack = stacks.get(get_ident())
             if stack:
                 stack.pop()
@@ -359,28 +368,29 @@ class Trace:
         """Everything the trace holds, as JSON (schema `SCHEMA`)."""
         with self._lock:
             self._resolve()
-            rows = [
-                {
-                    "op": k[0],
-                    "provider": k[1],
-                    "form": k[2],
-                    "dtype": k[3],
-                    "tokens": k[4],
-                    "calls": r.calls,
-                    "total_ns": r.total_ns,
-                    "recent_ns": list(r.samples),
-                }
-                for k, r in self.rows.items()
-            ]
-            modules = [
-                {"module": m, "op": o, "provider": p, "form": f, "calls": n}
-                for (m, o, p, f), n in self.module_calls.items()
-            ]
-            fallbacks = [
-                {"op": o, "provider": p, "declined": [list(s) for s in skipped], "calls": n}
-                for (o, p, skipped), n in self.fallbacks.items()
-            ]
-            events = [*self._imported_events, *(_event_json(e) for e in self.events)]
+            recorded = list(self.events)
+        rows = [
+            {
+                "op": k[0],
+                "provider": k[1],
+                "form": k[2],
+                "dtype": k[3],
+                "tokens": k[4],
+                "calls": r.calls,
+                "total_ns": r.total_ns,
+                "recent_ns": list(r.samples),
+            }
+            for k, r in self.rows.items()
+        ]
+        modules = [
+            {"module": m, "op": o, "provider": p, "form": f, "calls": n}
+            for (m, o, p, f), n in self.module_calls.items()
+        ]
+        fallbacks = [
+            {"op": o, "provider": p, "declined": [list(s) for s in skipped], "calls": n}
+            for (o, p, skipped), n in self.fallbacks.items()
+        ]
+        events = [*self._imported_events, *(_event_json(e) for e in recorded)]
         return {
             "schema": SCHEMA,
             "pid": os.getpid(),

@@ -224,7 +224,10 @@ def test_a_provider_absent_here_is_a_warning_once_and_a_note_in_doctor():
     environ["VLLM_IR_OP_PRIORITY"] = "rms_norm=triton"
     result = subprocess.run([sys.executable, "-c", IMPLICIT], capture_output=True, text=True, timeout=300, env=environ)
     assert result.returncode == 0, result.stderr
-    (warned,) = [line for line in result.stderr.splitlines() if "ConfigWarning" in line]
+    # (a shipped tuning table measured on another CPU may warn too: only the priority's warnings count)
+    (warned,) = [
+        line for line in result.stderr.splitlines() if "ConfigWarning" in line and "VLLM_IR_OP_PRIORITY" in line
+    ]
     assert "VLLM_IR_OP_PRIORITY: provider 'triton' for op 'rms_norm' is unsupported here" in warned
     doctor = subprocess.run(
         [sys.executable, "-m", "vllm_ir", "doctor", "--json"], capture_output=True, text=True, timeout=300, env=environ
@@ -249,7 +252,7 @@ def test_doctor_lists_every_bad_setting_with_its_fix(tmp_path):
             "VLLM_IR_FALLBAK": "error",
         },
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # doctor exits 1 when it lists problems
     problems = {p["setting"]: p for p in json.loads(result.stdout)["problems"] if p["status"] == "bad setting"}
     assert set(problems) == {
         "VLLM_IR_PROVIDERS",
@@ -282,8 +285,8 @@ ERROR_MODULES = (
     "passes.errors",
     "passes.cache",
 )
-#: Still outside `VllmIrError` (issue 35): their modules are other owners' to change.
-OUTSIDE = {"vllm_ir.distributed.CollectiveError", "vllm_ir.passes.cache.FactsError", "vllm_ir.cli.UsageError"}
+#: Errors still outside `VllmIrError` (none).
+OUTSIDE: set[str] = set()
 
 
 def test_every_error_of_vllm_ir_is_a_vllm_ir_error():
@@ -326,3 +329,18 @@ def test_a_third_party_provider_in_a_deny_list_is_not_a_typo(site, monkeypatch):
     assert "names 'acme_kernels', which is not installed here" in message
     (finding,) = [f for f in env.findings() if "acme_kernels" in f.message]
     assert finding.here_only  # doctor: "not for this machine", not a problem
+
+
+def test_doctor_knows_the_variables_plugins_declare():
+    """VLLM_IR_C_TABLES (vllm_c) and VLLM_IR_OOT_PLATFORM (the OOT example) are declared by their
+    plugins, so doctor does not take them for misspellings of vllm-ir's own variables."""
+    records = {r.name for r in vllm_ir.provider_records()}
+    if not {"vllm_c", "oot_example"} <= records:
+        pytest.skip("providers/vllm_c and examples/oot_platform are installed by scripts/setup.sh")
+    environ = {**_clean_environ(), "VLLM_IR_C_TABLES": "1", "VLLM_IR_OOT_PLATFORM": "0", "VLLM_IR_FALBACK": "warn"}
+    doctor = subprocess.run(
+        [sys.executable, "-m", "vllm_ir", "doctor", "--json"], capture_output=True, text=True, timeout=300, env=environ
+    )
+    settings = {p["setting"] for p in json.loads(doctor.stdout)["problems"]}
+    assert "VLLM_IR_FALBACK" in settings  # a real misspelling still is one
+    assert not settings & {"VLLM_IR_C_TABLES", "VLLM_IR_OOT_PLATFORM"}

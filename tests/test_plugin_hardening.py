@@ -248,7 +248,7 @@ def test_plugin_that_declares_an_op_records_it_apart_from_its_implementations(si
     assert record.status is ProviderStatus.LOADED
     assert record.ops == ["tp_plugin_op"]
     assert record.implementations == {"tp_opdecl": ["tp_plugin_op"]}
-    assert cli.main(["providers", "list"]) == 0
+    assert cli.main(["providers", "list", "--wide"]) == 0  # one line per provider, whatever the terminal
     assert "declares tp_plugin_op; tp_opdecl: tp_plugin_op" in capsys.readouterr().out
     torch.testing.assert_close(vllm_ir.ops.tp_plugin_op(torch.ones(2)), torch.full((2,), 2.0))
     plugins.reset_for_tests()  # withdraws the op with the plugin
@@ -326,8 +326,8 @@ def test_ctrl_c_outside_a_plugin_import_is_a_plain_interrupt(monkeypatch, capsys
 # One status everywhere
 
 
-def _cli_json(capsys, *argv):
-    assert cli.main([*argv, "--json"]) == 0
+def _cli_json(capsys, *argv, status=0):
+    assert cli.main([*argv, "--json"]) == status
     return json.loads(capsys.readouterr().out)
 
 
@@ -335,7 +335,7 @@ def _cli_json(capsys, *argv):
 def test_doctor_and_providers_list_report_the_same_status(site, capsys):
     """A hook runs lazily; both commands run it first, so neither says "loaded" for a broken plugin."""
     make_dist(site, "tp-lazyfail", GOOD_IMPL.format(provider="tp_lazyfail") + HOOK_RAISES)
-    doctor = _cli_json(capsys, "doctor")
+    doctor = _cli_json(capsys, "doctor", status=1)  # it lists a problem
     plugins.reset_for_tests()
     listed = {r["name"]: r for r in _cli_json(capsys, "providers", "list")["providers"]}
     assert doctor["providers"]["tp_lazyfail"] == listed["tp_lazyfail"]["status"] == "failed"
@@ -343,7 +343,7 @@ def test_doctor_and_providers_list_report_the_same_status(site, capsys):
     assert problem["reason"] == listed["tp_lazyfail"]["reason"]
     assert problem["reason"] == "hook vllm_ir_default_priority raised RuntimeError: kernels missing"
     plugins.reset_for_tests()
-    assert cli.main(["doctor"]) == 0
+    assert cli.main(["doctor"]) == 1
     text = capsys.readouterr().out
     assert "tp_lazyfail (failed)" in text and "problems: none" not in text
 

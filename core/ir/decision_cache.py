@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vllm_ir.ir import fallback, fast_lookup, registry, selection, tuning
+from vllm_ir.ir import fallback, fast_lookup, observe, registry, selection, tuning
 from vllm_ir.ir import priority as _priority
 from vllm_ir.log import get_logger
 
@@ -52,7 +52,9 @@ class DecisionCache:
         """Cache miss of the eager hot path: decide, apply the fallback policy, maybe cache."""
         op = self.op
         epoch = registry.epoch
-        decision = selection.decide(op, args, "eager", key[0])
+        decision = self._observed_twin(key)
+        if decision is None:
+            decision = selection.decide(op, args, "eager", key[0])
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug(
                 "op %s: chose %s for %s%s%s",
@@ -80,6 +82,19 @@ class DecisionCache:
                 _retired_skips[(op.name, provider, reason)] += 1
             decision.calls = -1  # the hot path adds one; this decision is never looked up again
         return decision
+
+    def _observed_twin(self, key: tuple) -> Decision | None:
+        """In a traced or profiled scope: the plain scope's cached decision for this call, behind a
+        recorder or profiler range (`vllm_ir.ir.observe`), so that it keeps the plain decision's
+        settled kernels (its first-call result check is not run again); None if it has none."""
+        scope = key[0]
+        if scope is None or not (scope.traced or scope.labelled):
+            return None
+        plain_scope = _priority.with_switches(scope, traced=False, labelled=False)
+        plain = self.fixed.get(plain_scope) or self.decisions.get((plain_scope, *key[1:]))
+        if plain is None:
+            return None
+        return observe.observed(self.op, plain, traced=scope.traced, labelled=scope.labelled)
 
     def for_kernel(self, args: tuple) -> Decision:
         """The decision for a call that reached the torch op's kernel: cached like the eager

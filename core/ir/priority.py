@@ -465,18 +465,6 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None, tuned: TuningEntry | No
     return ResolvedPriority(tuple(entries), tuple(candidates))
 
 
-def parse_priority_spec(spec: str, *, source: str = ENV_PRIORITY) -> dict[str, tuple[str, ...]]:
-    """Parse ``"rms_norm=vllm_c,native;fused_add_rms_norm=triton"``; names are validated.
-
-    Raises `vllm_ir.ConfigError` on the first malformed entry or unknown name.
-    """
-    out, findings = _parse_priority(spec, source)
-    errors = [f for f in findings if not f.here_only]
-    if errors:
-        raise ConfigError(errors[0])
-    return out
-
-
 def _parse_priority(spec: str, source: str) -> tuple[dict[str, tuple[str, ...]], list[Finding]]:
     """Every well-formed entry of ``spec``, and a finding per ignored entry or absent provider."""
     out: dict[str, tuple[str, ...]] = {}

@@ -111,13 +111,14 @@ def _register_autograd(lib: torch.library.Library, op: IrOp, qualname: str, run_
     formula = NativeVjp(op)
     try:
         from torch._library.autograd import Info, make_autograd_impl
-
-        standard = make_autograd_impl(overload(*qualname.split(".")), Info(formula.backward, formula.setup_context))
     except Exception:  # pragma: no cover - another torch
         torch.library.register_autograd(name, formula.backward, setup_context=formula.setup_context, lib=lib)
         return
     grad_enabled, any_requires_grad = torch.is_grad_enabled, torch._C._any_requires_grad
     direct: dict[int, bool] = {}
+    # torch's kernel (an autograd.Function and a dataclass per op: ~0.8 ms each, 30 ms of
+    # start-up for every op) is built on the first call that needs it.
+    standard: list[Callable[..., Any]] = []
 
     def autograd_kernel(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
         if not kwargs and not (grad_enabled() and any_requires_grad(*args)):
@@ -126,7 +127,10 @@ def _register_autograd(lib: torch.library.Library, op: IrOp, qualname: str, run_
                 plain = direct[keyset.raw_repr()] = _reaches_backend(keyset)
             if plain:
                 return run_functional(*args)
-        return standard(keyset, *args, **kwargs)
+        if not standard:
+            info = Info(formula.backward, formula.setup_context)
+            standard.append(make_autograd_impl(overload(*qualname.split(".")), info))
+        return standard[0](keyset, *args, **kwargs)
 
     lib.impl(qualname, autograd_kernel, "Autograd", with_keyset=True)
 

@@ -209,11 +209,6 @@ def same_memory(a: fx.Node, b: fx.Node) -> bool:
     )
 
 
-def is_container(node: fx.Node) -> bool:
-    """Whether ``node`` returns several values (a tuple or list), each its own value."""
-    return isinstance(value_of(node), (list, tuple))
-
-
 class AliasAnalysis:
     """Alias classes over a graph's values (union-find), with graph positions for "used after" queries.
 

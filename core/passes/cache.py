@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from vllm_ir.errors import ProviderWarning
+from vllm_ir.errors import ProviderWarning, VllmIrError
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import registry, tuning
 from vllm_ir.log import get_logger
@@ -390,7 +390,7 @@ def library_facts(impl: Any) -> tuple:
     return facts
 
 
-class FactsError(ValueError):
+class FactsError(VllmIrError, ValueError):
     """A provider's ``compile_facts`` raised or returned something other than a mapping of names to values."""
 
 
