@@ -64,7 +64,7 @@ def test_both_load_and_explain_why_unsupported(tmp_path):
     assert records["xpu_kernels"]["implementations"] == {"xpu_kernels": XPU_OPS}
     assert records["xpu_kernels"]["status"] == "unsupported here"
     assert records["xpu_kernels"]["reason"] == "no XPU device (torch.xpu is not available)"
-    text = run(tmp_path, "providers", "list").stdout
+    text = run(tmp_path, "providers", "list", "--wide").stdout
     assert "torch is a CPU build, AITER needs ROCm" in text
     assert "aiter" not in sys.modules  # discovery never imports the vendor library
 
