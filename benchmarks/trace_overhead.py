@@ -1,4 +1,4 @@
-"""What tracing costs per call: `vllm_ir.trace` on vs off, and the profiler label.
+"""What tracing costs per call: `vllm_ir.trace` on vs off.
 
 Target (the trace issue): at most 1 us per call with tracing on, on this CPU. Each figure is
 `vllm_ir.timing.paired_overhead`: interleaved blocks of the same call with and without the
@@ -8,8 +8,6 @@ feature, median of per-pair differences (this VM drifts; separate runs would abs
   through ``contextvars.Context.run`` (the traced one in a context where the trace is open),
   so that cost cancels. The kernel is a no-op provider (dispatch and recording only) and native
   on a [1, 4096] input.
-- "profiler label": inside ``torch.profiler.profile()``, ``op(x, w, eps)`` minus the kernel called
-  directly: dispatch plus the ``vllm_ir::rms_norm[...]`` range (paid only while a profiler runs).
 
     python benchmarks/trace_overhead.py [--samples 2000] [--inner 20]
 """
@@ -68,10 +66,6 @@ def main() -> None:
         worst = max(worst, t.median_us)
         spread = f"p10..p90 {t.p10_us:+.3f}..{t.p90_us:+.3f}"
         print(f"  trace on, {provider:<16} [1, 4096] fp32: {t.median_us:+.3f} ({spread}); {trace.calls} calls traced")
-    kernel = op.impls["native"].fn
-    with torch.profiler.profile():
-        label = paired_overhead(lambda: kernel(x, w, 1e-6), lambda: op(x, w, 1e-6), samples=args.samples // 4, inner=5)
-    print(f"  profiler label (dispatch + range, inside torch.profiler.profile): {label.median_us:+.3f}")
     verdict = "meets" if worst <= TARGET_US else "misses"
     print(f"worst trace-on overhead: {worst:.3f} us ({verdict} the {TARGET_US} us target)")
 
