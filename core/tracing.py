@@ -129,8 +129,8 @@ class Trace:
         ranges and medians are worked out when the trace is read."""
         first = site.first_tensor
         dtype = args[first].dtype if first is not None else None
-        shapes = tuple(a.shape for a in map(args.__getitem__, site.tensor_indices) if a is not None)
-        tokens = site.token_count(args) if site.token_indices else None
+        shapes = tuple([args[i].shape for i in site.tensor_indices if args[i] is not None])
+        tokens = site.token_count(args)
         bits = 0 if tokens is None else (tokens if tokens > 0 else 1).bit_length()
         module = OUTSIDE
         stacks = self._stacks

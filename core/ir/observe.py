@@ -49,7 +49,7 @@ def set_process_sink(sink: Sink | None) -> None:
     _process_sink[0] = sink
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: it keys the trace's rows on every call
 class CallSite:
     """What a recorder knows before the call: the op, the decision and the runner's kernel form."""
 
@@ -67,7 +67,13 @@ class CallSite:
     first_tensor: int | None
 
     def token_count(self, args: tuple) -> int | None:
-        return first_token_count(*(args[i] for i in self.token_indices)) if self.token_indices else None
+        """`first_token_count` of the call, with the common case (a 2-D or larger first token tensor) inline."""
+        if not self.token_indices:
+            return None
+        t = args[self.token_indices[0]]
+        if t is not None and t.dim() >= 2 and t.layout is torch.strided:
+            return t.shape[0]
+        return first_token_count(*(args[i] for i in self.token_indices))
 
 
 def observed(op: IrOp, decision: Decision, *, traced: bool, labelled: bool) -> Decision:
