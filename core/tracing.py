@@ -64,11 +64,6 @@ class _Row:
     total_ns: int = 0
     samples: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
 
-    def add(self, ns: int) -> None:
-        self.calls += 1
-        self.total_ns += ns
-        self.samples.append(ns)
-
 
 #: (op, provider, form, dtype, token range)
 RowKey = tuple[str, str, str, str, str]

@@ -88,7 +88,7 @@ class DecisionCache:
         recorder or profiler range (`vllm_ir.ir.observe`), so that it keeps the plain decision's
         settled kernels (its first-call result check is not run again); None if it has none."""
         scope = key[0]
-        if scope is None or not (scope.traced or scope.labelled):
+        if scope is None or not scope.observed:
             return None
         plain_scope = _priority.with_switches(scope, traced=False, labelled=False)
         plain = self.fixed.get(plain_scope) or self.decisions.get((plain_scope, *key[1:]))

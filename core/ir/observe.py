@@ -2,8 +2,10 @@
 
 Nothing here is on the ordinary hot path. `vllm_ir.trace` and a running profiler switch the
 call's priority scope (`vllm_ir.ir.priority.with_switches`), so their calls miss the usual
-cached decisions and get decisions of their own, made once per scope and call signature,
-whose runners are wrapped here: with tracing off and no profiler the hot path is unchanged.
+cached decisions and get decisions of their own, cached per scope and call signature: the plain
+scope's decision for the call behind a wrapper made here where it exists (its kernels already
+settled, `DecisionCache.on_miss`), else a new decision wrapped alike. With tracing off and no
+profiler the hot path is unchanged.
 
 A traced runner times the kernel (``perf_counter_ns``; CUDA events on a GPU, read when the
 trace is summarised) and hands the call's facts to the active trace (`active`); a labelled
@@ -67,13 +69,7 @@ class CallSite:
     first_tensor: int | None
 
     def token_count(self, args: tuple) -> int | None:
-        """`first_token_count` of the call, with the common case (a 2-D or larger first token tensor) inline."""
-        if not self.token_indices:
-            return None
-        t = args[self.token_indices[0]]
-        if t is not None and t.dim() >= 2 and t.layout is torch.strided:
-            return t.shape[0]
-        return first_token_count(*(args[i] for i in self.token_indices))
+        return first_token_count(*(args[i] for i in self.token_indices)) if self.token_indices else None
 
 
 def observed(op: IrOp, decision: Decision, *, traced: bool, labelled: bool) -> Decision:

@@ -147,6 +147,11 @@ class _Scope:
     def switches(self) -> tuple[bool, bool, bool]:
         return (self.traced, self.labelled, self.reference)
 
+    @property
+    def observed(self) -> bool:
+        """Calls run behind a recorder or a profiler range (`vllm_ir.ir.observe`)."""
+        return self.traced or self.labelled
+
 
 def interned_scope(
     lists: tuple[tuple[str, tuple[str, ...]], ...], switches: tuple[bool, bool, bool] = (False, False, False)

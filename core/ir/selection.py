@@ -147,7 +147,7 @@ def decide(op: IrOp, args: Sequence[Any], mode: Mode = "eager", scope: Any = Non
         verdict = ask(impl, args)
         if verdict:
             decision = make_decision(op, impl, tuple(skipped), cacheable)
-            if mode == "eager" and scope is not None and (scope.traced or scope.labelled):
+            if mode == "eager" and scope is not None and scope.observed:
                 decision = observe.observed(op, decision, traced=scope.traced, labelled=scope.labelled)
             return decision
         skipped.append((impl.provider, reason_of(verdict, "declined by supports_args")))
