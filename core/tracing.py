@@ -50,6 +50,8 @@ MAX_EVENTS = 50_000
 MAX_SAMPLES = 1024
 #: CUDA event pairs held before the oldest are read (which waits for them).
 MAX_PENDING_EVENTS = 8192
+#: Distinct shape sets an event names by number; beyond, events hold the shapes themselves.
+MAX_SHAPE_SETS = 1 << 16
 #: Module path of calls made outside every module of the traced model.
 OUTSIDE = "(outside the model)"
 
@@ -63,6 +65,25 @@ class _Row:
     calls: int = 0
     total_ns: int = 0
     samples: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    #: The raw row's key (call site, dtype, token-count bit length) and its number, which events
+    #: name it by (merged rows have neither).
+    key: tuple[Any, ...] | None = None
+    index: int = -1
+
+
+class _Shard:
+    """What one thread recorded. Only that thread writes it, so recording takes no lock; readers
+    copy its dicts (a copy is one C call under the GIL). Rows of calls timed by CUDA events are
+    apart: `Trace._resolve` adds their times, under the trace's lock, from any thread."""
+
+    __slots__ = ("cuda_rows", "modules", "rows")
+
+    def __init__(self) -> None:
+        #: (call site, dtype, token-count bit length) -> row.
+        self.rows: dict[tuple[Any, ...], _Row] = {}
+        self.cuda_rows: dict[tuple[Any, ...], _Row] = {}
+        #: (module path, call site) -> calls (with a model).
+        self.modules: Counter[tuple[str, CallSite]] = Counter()
 
 
 #: (op, provider, form, dtype, token range)
@@ -89,16 +110,22 @@ class Trace:
             raise ValueError(f"vllm_ir.trace: max_events must be >= 0, got {max_events}")
         self.model = model
         self.max_events = max_events
-        #: Per (call site, dtype, token-count bit length): the hot structure `record` updates;
-        #: `rows` names it. Merged traces of other processes add to ``_merged_rows`` instead.
-        self._raw: dict[tuple[CallSite, Any, int], _Row] = {}
+        #: Per thread: the hot structures `record` updates (`rows` names them). Merged traces of
+        #: other processes add to ``_merged_*`` instead.
+        self._shards: dict[int, _Shard] = {}
         self._merged_rows: dict[RowKey, _Row] = {}
-        #: (module path, call site) -> calls (with a model); merged: (module, op, provider, form) -> calls.
-        self._raw_modules: Counter[tuple[str, CallSite]] = Counter()
+        self._merged_calls = 0
         self._merged_modules: Counter[tuple[str, str, str, str]] = Counter()
         self._merged_fallbacks: Counter[tuple[str, str, tuple[tuple[str, str], ...]]] = Counter()
-        self.events: deque[tuple[Any, ...]] = deque(maxlen=max_events)
-        self.calls = 0
+        #: The last ``max_events`` calls as tuples of plain values (`events` decodes them):
+        #: ``(start_ns, duration, row number, shape set, tokens, module, thread)``. Nothing in them
+        #: is tracked by the garbage collector, so a full ring never makes Python's collections
+        #: walk it (which cost microseconds per call when events held call sites and ``torch.Size``).
+        self._events: deque[tuple[Any, ...]] = deque(maxlen=max_events)
+        self._row_list: list[_Row] = []
+        #: Shapes of a call (a tuple of ``torch.Size`` or None per tensor parameter) -> number.
+        self._shape_ids: dict[tuple[Any, ...], int] = {}
+        self._shape_list: list[tuple[Any, ...]] = []
         #: Reports of the graphs compiled (or served from Inductor's cache) while tracing, as JSON.
         self.compiled: list[dict[str, Any]] = []
         #: Why every op ran native (reference mode), or None.
@@ -120,36 +147,99 @@ class Trace:
     def record(self, site: CallSite, args: tuple, start_ns: int, duration: Any) -> None:
         """One call (`vllm_ir.ir.observe`): ``duration`` is ns, or a pair of CUDA events.
 
-        Kept to a few dict and deque operations (the issue's budget is 1 us per call): names,
-        ranges and medians are worked out when the trace is read."""
+        Kept to a few dict and deque operations on this thread's shard (the issue's budget is
+        1 us per call): names, ranges and medians are worked out when the trace is read."""
         first = site.first_tensor
         dtype = args[first].dtype if first is not None else None
-        shapes = tuple([args[i].shape for i in site.tensor_indices if args[i] is not None])
-        tokens = site.token_count(args)
+        shapes = site.shapes(args)
+        tokens = site.token_count(args, shapes)
         bits = 0 if tokens is None else (tokens if tokens > 0 else 1).bit_length()
-        module = OUTSIDE
-        stacks = self._stacks
-        if stacks is not None:
-            stack = stacks.get(get_ident())
-            if stack:
-                module = stack[-1]
+        thread = get_ident()
+        shard = self._shards.get(thread) or self._new_shard(thread)
         key = (site, dtype, bits)
-        with self._lock:
-            self.calls += 1
-            row = self._raw.get(key)
-            if row is None:
-                row = self._raw[key] = _Row()
+        if type(duration) is int:
+            row = shard.rows.get(key) or self._new_row(shard.rows, key)
             row.calls += 1
-            if type(duration) is int:
-                row.total_ns += duration
-                row.samples.append(duration)
-            else:
+            row.total_ns += duration
+            row.samples.append(duration)
+        else:  # CUDA events: their rows are timed by `_resolve`, in whichever thread reads them
+            row = shard.cuda_rows.get(key) or self._new_row(shard.cuda_rows, key)
+            row.calls += 1
+            with self._lock:
                 self._pending.append((row, duration))
                 if len(self._pending) > MAX_PENDING_EVENTS:
                     self._resolve(len(self._pending) // 2)
-            if stacks is not None:
-                self._raw_modules[(module, site)] += 1
-            self.events.append((start_ns, duration, site, dtype, shapes, tokens, module, get_ident()))
+        module = OUTSIDE
+        stacks = self._stacks
+        if stacks is not None:
+            stack = stacks.get(thread)
+            if stack:
+                module = stack[-1]
+            shard.modules[(module, site)] += 1
+        if self.max_events:
+            shape_id = self._shape_ids.get(shapes)
+            if shape_id is None:
+                shape_id = self._intern(shapes)
+            self._events.append((start_ns, duration, row.index, shape_id, tokens, module, thread))
+
+    def _new_shard(self, thread: int) -> _Shard:
+        with self._lock:
+            shard = self._shards[thread] = _Shard()
+        return shard
+
+    def _new_row(self, rows: dict[tuple[Any, ...], _Row], key: tuple[Any, ...]) -> _Row:
+        with self._lock:
+            row = rows[key] = _Row(key=key, index=len(self._row_list))
+            self._row_list.append(row)
+        return row
+
+    @property
+    def calls(self) -> int:
+        """Every call recorded (none dropped: counts are not bounded by ``max_events``)."""
+        return self._merged_calls + sum(row.calls for row in self._raw_rows())
+
+    def _raw_rows(self) -> list[_Row]:
+        with self._lock:
+            return list(self._row_list)
+
+    def _intern(self, shapes: tuple[Any, ...]) -> int | tuple[Any, ...]:
+        """The number of a new shape set, or (past `MAX_SHAPE_SETS`) the shapes as plain tuples."""
+        with self._lock:
+            n = self._shape_ids.get(shapes)
+            if n is not None:  # another thread numbered it meanwhile
+                return n
+            if len(self._shape_list) >= MAX_SHAPE_SETS:
+                return tuple(None if s is None else tuple(s) for s in shapes)
+            self._shape_ids[shapes] = n = len(self._shape_list)
+            self._shape_list.append(shapes)
+            return n
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The calls kept one by one (the last ``max_events``), oldest first, as in `to_dict`."""
+        with self._lock:
+            self._resolve()
+            recorded = list(self._events)
+        return [self._event_json(e) for e in recorded]
+
+    def _event_json(self, e: tuple[Any, ...]) -> dict[str, Any]:
+        start, duration, row, shapes, tokens, module, thread = e
+        site, dtype, _bits = self._row_list[row].key
+        if type(shapes) is int:
+            shapes = self._shape_list[shapes]
+        return {
+            "start_ns": start,
+            "duration_ns": duration if type(duration) is int else _cuda_ns(duration),
+            "op": site.op.name,
+            "provider": site.provider,
+            "form": site.form,
+            "dtype": _dtype_name(dtype),
+            "shapes": [None if s is None else list(s) for s in shapes],
+            "tokens": tokens,
+            "module": module,
+            "pid": os.getpid(),
+            "tid": thread % (1 << 31),
+        }
 
     def _resolve(self, count: int | None = None) -> None:
         """Read the CUDA events of ``count`` pending calls (all: None), oldest first."""
@@ -164,9 +254,10 @@ class Trace:
     def rows(self) -> dict[RowKey, _Row]:
         """Per (op, provider, form, dtype, token range): calls, total and recent durations."""
         out: dict[RowKey, _Row] = {}
-        with self._lock:
-            raw = list(self._raw.items())
-        named = [((s.op.name, s.provider, s.form, _dtype_name(d), _range_of_bits(b)), r) for (s, d, b), r in raw]
+        named = []
+        for row in self._raw_rows():
+            site, dtype, bits = row.key
+            named.append(((site.op.name, site.provider, site.form, _dtype_name(dtype), _range_of_bits(bits)), row))
         for key, row in [*named, *self._merged_rows.items()]:
             into = out.get(key)
             if into is None:
@@ -180,15 +271,19 @@ class Trace:
     def module_calls(self) -> Counter[tuple[str, str, str, str]]:
         """(module path, op, provider, form) -> calls."""
         out = Counter(self._merged_modules)
-        for (module, site), n in list(self._raw_modules.items()):
-            out[(module, site.op.name, site.provider, site.form)] += n
+        with self._lock:
+            shards = list(self._shards.values())
+        for shard in shards:
+            for (module, site), n in dict(shard.modules).items():
+                out[(module, site.op.name, site.provider, site.form)] += n
         return out
 
     @property
     def fallbacks(self) -> Counter[tuple[str, str, tuple[tuple[str, str], ...]]]:
         """(op, provider that ran, ((declined provider, reason), ...)) -> calls."""
         out = Counter(self._merged_fallbacks)
-        for (site, _dtype, _bits), row in list(self._raw.items()):
+        for row in self._raw_rows():
+            site = row.key[0]
             if site.skipped:
                 out[(site.op.name, site.provider, site.skipped)] += row.calls
         return out
@@ -353,7 +448,7 @@ class Trace:
 
     def _header(self) -> str:
         ms = self.traced_ns / 1e6
-        kept = f"; the last {len(self.events)} kept one by one" if len(self.events) < self.calls else ""
+        kept = f"; the last {len(self._events)} kept one by one" if len(self._events) < self.calls else ""
         ref = f"; REFERENCE MODE ({self.reference})" if self.reference else ""
         return f"vllm-ir trace: {self.calls} eager calls, {ms:.3f} ms in kernels{kept}{ref}"
 
@@ -361,9 +456,7 @@ class Trace:
 
     def to_dict(self) -> dict[str, Any]:
         """Everything the trace holds, as JSON (schema `SCHEMA`)."""
-        with self._lock:
-            self._resolve()
-            recorded = list(self.events)
+        events = [*self._imported_events, *self.events]
         rows = [
             {
                 "op": k[0],
@@ -385,7 +478,6 @@ class Trace:
             {"op": o, "provider": p, "declined": [list(s) for s in skipped], "calls": n}
             for (o, p, skipped), n in self.fallbacks.items()
         ]
-        events = [*self._imported_events, *(_event_json(e) for e in recorded)]
         return {
             "schema": SCHEMA,
             "pid": os.getpid(),
@@ -411,7 +503,7 @@ class Trace:
 
     def merge(self, data: Mapping[str, Any]) -> None:
         """Add another trace's `to_dict` to this one (several processes of one command)."""
-        self.calls += data["calls"]
+        self._merged_calls += data["calls"]
         self.reference = self.reference or data.get("reference")
         for r in data["rows"]:
             row = self._merged_rows.setdefault((r["op"], r["provider"], r["form"], r["dtype"], r["tokens"]), _Row())
@@ -453,23 +545,6 @@ class Trace:
         ]
         text = json.dumps({"traceEvents": trace_events, "displayTimeUnit": "ns", "otherData": {"schema": SCHEMA}})
         _write(path, text, "Chrome trace")
-
-
-def _event_json(e: tuple[Any, ...]) -> dict[str, Any]:
-    start, duration, site, dtype, shapes, tokens, module, thread = e
-    return {
-        "start_ns": start,
-        "duration_ns": duration if type(duration) is int else _cuda_ns(duration),
-        "op": site.op.name,
-        "provider": site.provider,
-        "form": site.form,
-        "dtype": _dtype_name(dtype),
-        "shapes": [list(s) for s in shapes],
-        "tokens": tokens,
-        "module": module,
-        "pid": os.getpid(),
-        "tid": thread % (1 << 31),
-    }
 
 
 def _cuda_ns(events: tuple[Any, Any]) -> int:

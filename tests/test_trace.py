@@ -88,7 +88,7 @@ def test_tracing_never_changes_the_choice_or_the_result(declining):
             traced = [(ops.rms_norm.cached_dispatch(x, w, 1e-6).provider, ops.rms_norm(x, w, 1e-6)) for x, w in calls]
     for (p1, y1), (p2, y2) in zip(plain, traced, strict=True):
         assert p1 == p2 and torch.equal(y1, y2)
-    assert [e[2].provider for e in t.events] == [p for p, _ in plain]
+    assert [e["provider"] for e in t.events] == [p for p, _ in plain]
 
 
 def test_in_place_calls_are_recorded_as_such():
@@ -427,3 +427,78 @@ def test_vllm_ir_trace_runs_a_script_and_writes_files_after_the_summary(tmp_path
         timeout=300,
     )
     assert failing.returncode == 3 and "nothing was traced" in failing.stderr
+
+
+def _token_variants(op, args: tuple):
+    """The generated call, then its first token tensor as 1-D float, 1-D integer, 3-D, sparse and absent."""
+    yield args
+    index = list(op.signature.parameters).index(op.token_params[0])
+    lead = args[index]
+    if not isinstance(lead, torch.Tensor):
+        return
+    for other in (
+        lead.reshape(-1)[:5].float(),
+        torch.arange(5),
+        lead.reshape(1, *lead.shape),
+        lead.float().reshape(lead.shape[0], -1).to_sparse(),
+        None,
+    ):
+        yield (*args[:index], other, *args[index + 1 :])
+
+
+@pytest.mark.parametrize("op", [op for op in vllm_ir.ir.registry.all_ops() if op.token_params], ids=lambda op: op.name)
+def test_the_traced_token_count_and_shapes_equal_the_reference_readers(op):
+    """`CallSite.token_count` reads the common case off the shapes: it must answer as
+    `first_token_count` does for every op, with the lead tensor in every form it can take."""
+    from vllm_ir.ir.cache_key import first_token_count
+    from vllm_ir.ir.observe import call_site
+
+    site = call_site(op, "native", "functional")
+    for case in [(3, 64), (1, 7), (2, 3, 64)]:
+        for args in _token_variants(op, op.generate_inputs(case, torch.float32, "cpu")):
+            shapes = site.shapes(args)
+            assert shapes == tuple(None if args[i] is None else args[i].shape for i in op.tensor_param_indices)
+            expected = first_token_count(*(args[i] for i in site.token_indices))
+            assert site.token_count(args, shapes) == expected, (case, [s and tuple(s) for s in shapes])
+
+
+def test_one_trace_shared_by_threads_counts_every_call():
+    """The process trace takes calls from many threads at once without a lock on the hot path."""
+    trace = tracing.Trace()
+    per_thread, threads = 2000, 4
+    from vllm_ir.ir.observe import call_site
+
+    site = call_site(ops.rms_norm, "native", "functional")
+    shapes = [torch.randn(n, 64) for n in (1, 3, 8, 40)]
+
+    def work(k: int) -> None:
+        for i in range(per_thread):
+            trace.record(site, (shapes[(i + k) % 4], W, 1e-6), i, 10)
+
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads between bytecodes as often as the interpreter can
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert trace.calls == per_thread * threads
+    assert sum(r.calls for r in trace.rows.values()) == trace.calls
+    assert sum(r.total_ns for r in trace.rows.values()) == 10 * trace.calls
+    events = trace.events
+    assert len(events) == per_thread * threads and {tuple(e["shapes"][0]) for e in events} == {
+        (n, 64) for n in (1, 3, 8, 40)
+    }
+    assert {e["tokens"] for e in events} == {1, 3, 8, 40}
+
+
+def test_events_past_the_numbered_shape_sets_keep_their_shapes(monkeypatch):
+    monkeypatch.setattr(tracing, "MAX_SHAPE_SETS", 2)
+    with vllm_ir.trace() as t:
+        for n in (1, 2, 3, 4):
+            ops.rms_norm(torch.randn(n, 64), W, 1e-6)
+    assert [e["shapes"] for e in t.events] == [[[n, 64], [64]] for n in (1, 2, 3, 4)]
+    assert [e["tokens"] for e in t.events] == [1, 2, 3, 4]

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 #: one attribute read, which the Python hot path can afford. (The C lookup asks this thread's
 #: profiler state instead; a flag of the whole process only ever makes Python label more calls.)
 profiler_flag = torch.autograd.profiler
+_STRIDED = torch.strided
 
 
 class Sink(Protocol):
@@ -67,9 +68,71 @@ class CallSite:
     #: Positions of the op's tensor parameters, and of the first (whose dtype and device the trace reports).
     tensor_indices: tuple[int, ...]
     first_tensor: int | None
+    #: Where the first token parameter's shape is in a call's shapes (None: the op has no token parameter).
+    lead_slot: int | None
+    #: ``shapes(args)``: each tensor parameter's shape, or None (`shape_reader`).
+    shapes: Callable[[tuple], tuple[torch.Size | None, ...]]
 
-    def token_count(self, args: tuple) -> int | None:
-        return first_token_count(*(args[i] for i in self.token_indices)) if self.token_indices else None
+    def token_count(self, args: tuple, shapes: tuple[torch.Size | None, ...]) -> int | None:
+        """`first_token_count` of the call; ``shapes`` holds each tensor parameter's shape (or None).
+
+        The common case is read off the shapes the trace takes anyway: a strided first token
+        tensor of two or more dimensions leads with the token count. Anything else asks
+        `first_token_count` itself (tests check the two agree)."""
+        lead = self.lead_slot
+        if lead is None:
+            return None
+        shape = shapes[lead]
+        if shape is not None and len(shape) >= 2 and args[self.token_indices[0]].layout is _STRIDED:
+            return shape[0]
+        return first_token_count(*(args[i] for i in self.token_indices))
+
+
+def shape_reader(indices: tuple[int, ...]) -> Callable[[tuple], tuple[torch.Size | None, ...]]:
+    """``shapes(args)``: the shape (or None) of ``args[i]`` for each ``i`` in ``indices``.
+
+    Unrolled for the common arities: a comprehension's own frame costs as much as reading two
+    shapes, and this runs on every traced call."""
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda args: (None if (a := args[i]) is None else a.shape,)
+    if len(indices) == 2:
+        i, j = indices
+
+        def two(args: tuple) -> tuple[torch.Size | None, ...]:
+            a, b = args[i], args[j]
+            return (None if a is None else a.shape, None if b is None else b.shape)
+
+        return two
+    if len(indices) == 3:
+        i, j, k = indices
+
+        def three(args: tuple) -> tuple[torch.Size | None, ...]:
+            a, b, c = args[i], args[j], args[k]
+            return (None if a is None else a.shape, None if b is None else b.shape, None if c is None else c.shape)
+
+        return three
+    return lambda args: tuple([None if (a := args[i]) is None else a.shape for i in indices])
+
+
+def call_site(op: IrOp, provider: str, form: str, skipped: tuple[tuple[str, str], ...] = ()) -> CallSite:
+    """The call site of ``op``'s calls that ``provider`` runs in ``form``."""
+    names = list(op.signature.parameters)
+    tokens = tuple(names.index(p) for p in op.token_params)
+    tensors = op.tensor_param_indices
+    required = [i for i, (name, optional) in zip(tensors, op.tensor_params.items(), strict=True) if not optional]
+    return CallSite(
+        op,
+        provider,
+        form,
+        skipped,
+        f"vllm_ir::{op.name}[{provider}]",
+        tokens,
+        tensors,
+        required[0] if required else None,
+        tensors.index(tokens[0]) if tokens else None,
+        shape_reader(tensors),
+    )
 
 
 def observed(op: IrOp, decision: Decision, *, traced: bool, labelled: bool) -> Decision:
@@ -77,18 +140,12 @@ def observed(op: IrOp, decision: Decision, *, traced: bool, labelled: bool) -> D
     from vllm_ir.ir.selection import Decision
 
     impl = decision.impl
-    label = f"vllm_ir::{op.name}[{impl.provider}]"
     in_place = "in-place" if impl.has_inplace_kernel else "functional"
     functional = "in-place on copies" if impl.inplace and op.activation_indices else "functional"
-    names = list(op.signature.parameters)
-    tokens = tuple(names.index(p) for p in op.token_params)
-    tensors = op.tensor_param_indices
-    required = [i for i, (name, optional) in zip(tensors, op.tensor_params.items(), strict=True) if not optional]
-    first = required[0] if required else None
     runners = []
     for attr, form in (("functional", functional), ("maybe_inplace", in_place)):
-        site = CallSite(op, impl.provider, form, decision.skipped, label, tokens, tensors, first)
-        runners.append(_traced(decision, attr, site) if traced else _labelled(decision, attr, label))
+        site = call_site(op, impl.provider, form, decision.skipped)
+        runners.append(_traced(decision, attr, site) if traced else _labelled(decision, attr, site.label))
     return Decision(
         impl,
         decision.skipped,
