@@ -6,6 +6,8 @@
     platform = "builtin"                 # or the plugin to take the platform from (VLLM_IR_PLATFORM)
     fallback = "warn"                    # allow | warn | error (VLLM_IR_FALLBACK)
     batch_invariant = false              # (VLLM_BATCH_INVARIANT)
+    trace = false                        # trace the whole process, summary at exit (VLLM_IR_TRACE)
+    reference = false                    # every op runs native, eager and compiled (VLLM_IR_REFERENCE)
     disable_providers = ["inductor"]     # added to VLLM_IR_DISABLE_PROVIDERS
     # providers = ["aten", "vllm_c"]     # allow-list, used when VLLM_IR_PROVIDERS is unset
 
@@ -41,7 +43,19 @@ from vllm_ir import env
 from vllm_ir.env import Finding
 
 MODES = ("eager", "compile")
-KEYS = ("platform", "fallback", "batch_invariant", "providers", "disable_providers", "priority", "tuning")
+KEYS = (
+    "platform",
+    "fallback",
+    "batch_invariant",
+    "trace",
+    "reference",
+    "providers",
+    "disable_providers",
+    "priority",
+    "tuning",
+)
+#: Keys that take true or false.
+SWITCHES = ("batch_invariant", "trace", "reference")
 OWNER = "config"
 
 
@@ -53,6 +67,8 @@ class SiteConfig:
     platform: str | None = None
     fallback: str | None = None
     batch_invariant: bool | None = None
+    trace: bool | None = None
+    reference: bool | None = None
     providers: tuple[str, ...] | None = None
     disable_providers: tuple[str, ...] = ()
     #: mode -> op -> providers, as written (checked against the registry by vllm_ir.ir.priority).
@@ -182,11 +198,11 @@ def _validate(path: str, doc: dict[str, Any], lines: list[str]) -> SiteConfig:
             else:
                 bad((key,), f"{value!r} is not accepted; accepted values: {', '.join(env.FALLBACK_POLICIES)}",
                     'write fallback = "warn"')  # fmt: skip
-        elif key == "batch_invariant":
+        elif key in SWITCHES:
             if isinstance(value, bool):
-                values["batch_invariant"] = value
+                values[key] = value
             else:
-                bad((key,), f"must be true or false, not {value!r}", "write batch_invariant = true")
+                bad((key,), f"must be true or false, not {value!r}", f"write {key} = true")
         elif key in ("providers", "disable_providers"):
             names = _names(value)
             if names is None:

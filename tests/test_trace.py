@@ -402,6 +402,22 @@ def test_process_trace_prints_the_summary_at_exit():
     assert "rms_norm" in out.stderr and "silu_and_mul" in out.stderr
 
 
+def test_the_config_file_turns_tracing_and_reference_mode_on_and_the_environment_overrides_it(tmp_path):
+    config = tmp_path / "vllm-ir.toml"
+    config.write_text("trace = true\nreference = true\n")
+    code = SCRIPT + "\nprint(vllm_ir.ir.priority.reference_reason())\n"
+    out = _python(code, VLLM_IR_CONFIG=str(config))
+    assert out.returncode == 0, out.stderr
+    assert "vllm-ir trace: 5 eager calls" in out.stderr and "REFERENCE MODE" in out.stderr
+    assert out.stdout.strip().splitlines()[-1] == f"pinned to native by config {config}, key reference"
+    out = _python(code, VLLM_IR_CONFIG=str(config), VLLM_IR_TRACE="0", VLLM_IR_REFERENCE="0")
+    assert out.returncode == 0, out.stderr
+    assert "vllm-ir trace" not in out.stderr and out.stdout.strip().splitlines()[-1] == "None"
+    config.write_text('trace = "yes"\n')
+    out = _python("import vllm_ir; print(vllm_ir.ir.priority.process_traced)", VLLM_IR_CONFIG=str(config))
+    assert out.returncode == 0 and out.stdout.strip() == "False"
+
+
 def test_vllm_ir_trace_runs_a_script_and_writes_files_after_the_summary(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)

@@ -192,8 +192,14 @@ _interned_scopes: dict[tuple, _Scope] = {}
 
 
 def _initial_scope() -> _Scope | None:
-    """``VLLM_IR_TRACE=1`` traces the whole process: every context starts in a traced scope."""
-    if env.read_bool(env.ENV_TRACE, False):
+    """``VLLM_IR_TRACE=1`` (or the config's ``trace = true``) traces the whole process: every
+    context starts in a traced scope."""
+    default = False
+    if env.raw(env.ENV_TRACE) is None and env.raw(env.ENV_CONFIG) is not None:
+        from vllm_ir import config  # read now only when the variable leaves it to the file
+
+        default = bool(config.current().trace)
+    if env.read_bool(env.ENV_TRACE, default):
         return interned_scope((), (True, False, False))
     return None
 
@@ -358,11 +364,16 @@ def switched(*, traced: bool | None = None, reference: bool | None = None) -> It
 
 
 def reference_reason(scope: _Scope | None = None) -> str | None:
-    """Why every op runs native here (``VLLM_IR_REFERENCE=1`` or `vllm_ir.reference`), or None."""
+    """Why every op runs native here (``VLLM_IR_REFERENCE=1``, the config's ``reference = true``
+    or `vllm_ir.reference`), or None."""
     if scope is not None and scope.reference:
         return "pinned to native by vllm_ir.reference()"
     if settings().reference:
-        return f"pinned to native by {env.ENV_REFERENCE}=1"
+        if env.raw(env.ENV_REFERENCE) is not None:
+            return f"pinned to native by {env.ENV_REFERENCE}=1"
+        from vllm_ir import config
+
+        return f"pinned to native by {config.current().where('reference')}"
     return None
 
 
@@ -571,13 +582,14 @@ def _read_env(environ: Mapping[str, str]) -> Settings:
         except ConfigError as exc:
             state = "on" if batch_invariant else "off"
             findings.append(_ignored(exc.finding, f"{ENV_BATCH_INVARIANT} is ignored, so batch invariance is {state}"))
-    reference = False
+    reference = bool(site.reference)
     value = env.raw(env.ENV_REFERENCE, environ)
     if value is not None:
         try:
             reference = env.parse_bool(env.ENV_REFERENCE, value)
         except ConfigError as exc:
-            findings.append(_ignored(exc.finding, f"{env.ENV_REFERENCE} is ignored, so reference mode is off"))
+            state = "on" if reference else "off"
+            findings.append(_ignored(exc.finding, f"{env.ENV_REFERENCE} is ignored, so reference mode is {state}"))
     op_priority, notes = _parse_priority(environ.get(ENV_PRIORITY, ""), ENV_PRIORITY)
     findings += notes
     config_priority: dict[str, dict[str, tuple[str, ...]]] = {}
