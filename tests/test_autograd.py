@@ -317,6 +317,7 @@ GRAD_SHAPE = (2, 32)
 FP8_DTYPES = {d for d in vars(torch).values() if isinstance(d, torch.dtype) and "float8" in str(d)}
 
 
+@pytest.mark.subprocess
 def test_compiled_gradients_of_every_differentiable_op_equal_eager_native_ones():
     """Every differentiable op (by rule: `_differentiable_cases`), called once each in ONE
     function compiled by ``vllm_ir.compile`` (Inductor, default priority): every input's

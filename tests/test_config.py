@@ -79,6 +79,7 @@ def test_config_priorities_per_mode_are_a_layer_with_the_file_as_origin(site, mo
     assert PriorityLayer.DEFAULT < PriorityLayer.CONFIG < PriorityLayer.ENV
 
 
+@pytest.mark.subprocess
 def test_ops_and_explain_show_the_config_origin(site):
     make_dist(site, "tp-cfg-a", GOOD_IMPL.format(provider="tp_cfg_a"))
     path = _write(site, '[priority.eager]\nrms_norm = ["tp_cfg_a"]\n')
@@ -186,6 +187,7 @@ def test_a_missing_file_is_reported_not_raised_at_import(site, monkeypatch):
         vllm_ir.provider_records()
 
 
+@pytest.mark.subprocess
 def test_doctor_lists_config_problems(site):
     path = _write(site, 'batch_invariant = "yes"\n')
     report = json.loads(run(site, "doctor", "--json", env={"VLLM_IR_CONFIG": path}).stdout)
@@ -260,6 +262,7 @@ def test_the_config_file_can_choose_the_platform(two_claims, monkeypatch):
     assert vllm_ir.current_platform().claimed_by == "tp_claim_x"
 
 
+@pytest.mark.subprocess
 def test_doctor_shows_the_claims_and_the_fix(two_claims):
     report = json.loads(run(two_claims, "doctor", "--json").stdout)
     assert report["platform"]["name"] == "cpu"

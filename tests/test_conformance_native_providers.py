@@ -65,6 +65,8 @@ def test_aten_declines_a_weight_on_another_device_so_native_raises_as_it_would()
             op(x, residual, weight.to("meta"), eps)
 
 
+@pytest.mark.compile
+@pytest.mark.subprocess
 def test_inductor_takes_a_fresh_code_object_when_dynamo_reaches_its_recompile_limit():
     """Dynamo specializes on strides and views beyond the provider's signature; a full code
     object must not turn the provider's next variant into a hard failure (fullgraph=True)."""

@@ -179,6 +179,7 @@ def test_symbolic_trace_records_one_ir_node(warm):
 # -- autograd routing --------------------------------------------------------------------
 
 
+@pytest.mark.compile
 def test_calls_that_need_grad_get_a_grad_fn_and_others_do_not():
     x, w = torch.randn(3, 16, requires_grad=True), torch.randn(16)
     for provider in [p for p, i in vllm_ir.ops.rms_norm.impls.items() if i.supported]:

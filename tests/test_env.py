@@ -123,6 +123,7 @@ def test_strict_plugins_malformed_is_reported_and_off(site, monkeypatch):
 
 
 @pytest.mark.parametrize(("value", "compiled"), [("false", False), ("off", False), ("1", True), ("maybe", True)])
+@pytest.mark.subprocess
 def test_fast_lookup_reads_booleans(value, compiled):
     code = "from vllm_ir.ir import fast_lookup; print(fast_lookup.available(), fast_lookup.describe())"
     result = subprocess.run(
@@ -194,6 +195,7 @@ print("chosen", vllm_ir.ops.rms_norm.dispatch(x, w, 1e-6).provider)
 """
 
 
+@pytest.mark.subprocess
 def test_op_calls_with_a_malformed_environment_warn_once_and_run():
     result = subprocess.run(
         [sys.executable, "-c", IMPLICIT],
@@ -218,6 +220,7 @@ def test_op_calls_with_a_malformed_environment_warn_once_and_run():
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm_ir_provider_triton") is None, reason="providers/triton_kernels is not installed"
 )
+@pytest.mark.subprocess
 def test_a_provider_absent_here_is_a_warning_once_and_a_note_in_doctor():
     """``rms_norm=triton`` on a CPU machine: kept (shown as unsupported), said once, not a problem."""
     environ = {k: v for k, v in _clean_environ().items() if k != "TRITON_INTERPRET"}  # Triton unsupported here
@@ -238,6 +241,7 @@ def test_a_provider_absent_here_is_a_warning_once_and_a_note_in_doctor():
     assert "provider 'triton' for op 'rms_norm' is unsupported here" in note["reason"]
 
 
+@pytest.mark.subprocess
 def test_doctor_lists_every_bad_setting_with_its_fix(tmp_path):
     result = run(
         tmp_path,
@@ -331,6 +335,7 @@ def test_a_third_party_provider_in_a_deny_list_is_not_a_typo(site, monkeypatch):
     assert finding.here_only  # doctor: "not for this machine", not a problem
 
 
+@pytest.mark.subprocess
 def test_doctor_knows_the_variables_plugins_declare():
     """VLLM_IR_C_TABLES (vllm_c) and VLLM_IR_OOT_PLATFORM (the OOT example) are declared by their
     plugins, so doctor does not take them for misspellings of vllm-ir's own variables."""

@@ -287,6 +287,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @needs_extension
+@pytest.mark.subprocess
 def test_an_extension_built_for_another_torch_is_refused_and_python_runs():
     result = _run(
         "import torch; torch.__version__ = '9.9.9'\n"
@@ -303,6 +304,7 @@ def test_an_extension_built_for_another_torch_is_refused_and_python_runs():
     assert float(value) == pytest.approx(16.0, rel=1e-4)
 
 
+@pytest.mark.subprocess
 def test_the_pure_python_path_passes_the_dispatch_tests():
     """VLLM_IR_FAST_LOOKUP=0 (or no extension) must behave identically: run the suites again."""
     tests = ["tests/test_dispatch.py", "tests/test_semantics.py", "tests/test_priority.py", __file__]

@@ -60,6 +60,7 @@ def fi():
     return _WRAPPER
 
 
+@pytest.mark.subprocess
 def test_loads_as_unsupported_here_with_its_reason(tmp_path, fi):
     record = {r["name"]: r for r in json.loads(run(tmp_path, "providers", "list", "--json").stdout)["providers"]}
     record = record["flashinfer"]

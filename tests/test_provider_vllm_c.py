@@ -112,6 +112,7 @@ def test_build_record_problems_are_reasons():
     assert "failed to build (CompileError: gcc failed)" in _extension.check_build(Info, torch.__version__)
 
 
+@pytest.mark.subprocess
 def test_import_without_a_loadable_extension_registers_unsupported_impls():
     # A fresh interpreter where loading the compiled library fails like an ABI mismatch would.
     code = textwrap.dedent(
@@ -464,6 +465,7 @@ print("ok")
 
 @needs_kernels
 @pytest.mark.parametrize("variant", ["DEFAULT", "AVX2", "AVX512", "AVX512_BF16"])
+@pytest.mark.subprocess
 def test_every_compiled_cpu_variant_matches_native(variant):
     from vllm_ir_provider_vllm_c import _build_info
 
@@ -616,7 +618,9 @@ print(ran, p.cpu_capability())
 """
 
 
+@pytest.mark.build
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+@pytest.mark.subprocess
 def test_a_new_op_is_new_files_only(tmp_path):
     """The package without its op files, plus a toy op's two files, builds, registers and dispatches.
 
@@ -676,6 +680,8 @@ def _torch_includes() -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: CUDA kernels not compile-checked")
+@pytest.mark.build
+@pytest.mark.subprocess
 def test_cuda_sources_compile(tmp_path):
     """nvcc compiles every csrc/cuda/*.cu, kernels and torch side (sm_90, torch's flags).
 
@@ -1066,6 +1072,7 @@ def _table_path(tables: str | None) -> tuple[str, str]:
 
 
 @needs_kernels
+@pytest.mark.subprocess
 def test_table_path_is_fixed_per_machine_shown_and_overridable():
     """table16::Reader's computed-or-looked-up choice: by CPU vendor (AMD computes, others look
     up), the same in every process, overridden by VLLM_IR_C_TABLES, and reported (the doctor
@@ -1119,6 +1126,7 @@ print(";".join(inexact) or "exact")
 
 
 @needs_kernels
+@pytest.mark.subprocess
 def test_every_compiled_cpu_variant_gives_natives_bits_for_activations():
     """Each compiled CPU variant, with ATen running the same ISA (ATEN_CPU_CAPABILITY) and each
     vector variant with ATen at the other vector ISA (a wheel built with fewer variants, or a
@@ -1192,6 +1200,7 @@ torch.save(results, sys.argv[1])
 
 
 @needs_kernels
+@pytest.mark.subprocess
 def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_path):
     """Differential: AVX512 kernels look activations of bf16/fp16 values up in tables built by the
     vector code, and compute the exp-based ones' bf16 table values (silu, quick_gelu,

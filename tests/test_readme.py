@@ -88,6 +88,7 @@ def test_the_readme_has_python_blocks():
 
 
 @pytest.mark.parametrize(("line", "code"), _BLOCKS, ids=[f"README.md:{line}" for line, _ in _BLOCKS])
+@pytest.mark.subprocess
 def test_python_block_runs(line, code, tmp_path):
     lacking = missing(code)
     if lacking:

@@ -299,6 +299,7 @@ def test_a_compiled_models_trace_lists_lowered_kernels_modules_and_fusions(compi
     assert "fusion quant: requested, did not fire" in text  # no quant op in this model
 
 
+@pytest.mark.subprocess
 def test_a_warm_inductor_cache_still_lists_the_kernels_with_plain_torch_compile(tmp_path):
     """The same script twice in fresh processes: the second compile is an Inductor cache hit."""
     code = """
@@ -318,6 +319,7 @@ def test_a_warm_inductor_cache_still_lists_the_kernels_with_plain_torch_compile(
     assert lines == [f"False {fused}", f"True {fused}"]
 
 
+@pytest.mark.subprocess
 def test_profiler_labels_every_call_on_the_fast_and_the_python_path():
     code = """
         import torch, vllm_ir
@@ -349,6 +351,7 @@ def test_reference_mode_runs_native_eager_and_says_so(declining):
     assert ops.rms_norm.cached_dispatch(X, W, 1e-6).provider == declining  # undone on exit
 
 
+@pytest.mark.subprocess
 def test_reference_mode_from_the_environment_pins_compiled_graphs_too():
     code = """
         import torch, vllm_ir
@@ -372,6 +375,7 @@ def test_reference_mode_from_the_environment_pins_compiled_graphs_too():
     assert "'native'" in selected and "opaque" not in selected and eager == "native"
 
 
+@pytest.mark.subprocess
 def test_doctor_reports_reference_mode_and_a_malformed_trace_variable():
     out = subprocess.run(
         [*CLI, "doctor", "--json"],
@@ -395,6 +399,7 @@ vllm_ir.ops.silu_and_mul(torch.randn(2, 32))
 """
 
 
+@pytest.mark.subprocess
 def test_process_trace_prints_the_summary_at_exit():
     out = _python(SCRIPT, VLLM_IR_TRACE="1")
     assert out.returncode == 0, out.stderr
@@ -418,6 +423,7 @@ def test_the_config_file_turns_tracing_and_reference_mode_on_and_the_environment
     assert out.returncode == 0 and out.stdout.strip() == "False"
 
 
+@pytest.mark.subprocess
 def test_vllm_ir_trace_runs_a_script_and_writes_files_after_the_summary(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)

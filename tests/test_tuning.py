@@ -85,6 +85,7 @@ def test_the_table_sits_above_the_defaults_and_below_config_env_and_code(two_ker
     assert _chosen(4) == "tp_tune_a"
 
 
+@pytest.mark.subprocess
 def test_explain_shows_the_measurement_and_the_range_of_the_shape(two_kernels, tmp_path, monkeypatch):
     measured = {"tp_tune_a": {"us": 6.1, "spread_pct": 3}, "native": {"us": 27.2, "spread_pct": 2}}
     path = table(tmp_path / "t.json", [entry(["tp_tune_a", "native"], 1, 2, measured=measured), entry(["native"], 2)])
@@ -102,6 +103,7 @@ def test_explain_shows_the_measurement_and_the_range_of_the_shape(two_kernels, t
     assert "T ∈ [2, ∞)" in json.loads(result.stdout)["tuning"]
 
 
+@pytest.mark.subprocess
 def test_a_malformed_file_warns_naming_it_and_calls_use_the_other_layers(two_kernels, tmp_path, monkeypatch):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -125,6 +127,7 @@ def test_a_malformed_file_warns_naming_it_and_calls_use_the_other_layers(two_ker
     )
 
 
+@pytest.mark.subprocess
 def test_a_table_measured_on_other_machine_facts_is_ignored_with_the_reason(two_kernels, tmp_path, monkeypatch):
     other = table(tmp_path / "other.json", [entry(["tp_tune_a"])], isa="SVE256")
     use(monkeypatch, other)
@@ -248,6 +251,7 @@ def test_a_provider_winning_only_inside_the_noise_does_not_displace_the_incumben
     assert tune.order_case([_row("native", 10.0), wrong], "native")[0] == ["native"]
 
 
+@pytest.mark.subprocess
 def test_tune_writes_a_table_that_the_layer_reads(tmp_path):
     out = tmp_path / "t.json"
     args = ("tune", "rms_norm", "--providers", "native,aten", "--dtype", "float32", "--tokens", "1,64",

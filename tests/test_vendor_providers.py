@@ -55,6 +55,7 @@ XPU_OPS = [
 ]
 
 
+@pytest.mark.subprocess
 def test_both_load_and_explain_why_unsupported(tmp_path):
     result = run(tmp_path, "providers", "list", "--json")
     records = {r["name"]: r for r in json.loads(result.stdout)["providers"]}

@@ -230,6 +230,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.subprocess
 def test_vllm_plugin_loader_activates_the_bridge_and_our_kernels_match_vllm_native(bridge_python, tmp_path):
     # A broken vllm-ir provider installed beside the good ones: vLLM and the bridge carry on.
     make_dist(tmp_path, "broken-kernels", "raise ImportError('libbroken.so: cannot open shared object file')\n",
@@ -314,6 +315,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.subprocess
 def test_vllm_gelu_and_mul_sparse_runs_our_providers_with_vllm_native_semantics(bridge_python):
     """vLLM 0.33's third IR op: our declaration is vLLM's native function bit for bit, and
     ``vllm.ir.ops.gelu_and_mul_sparse`` with a bridged provider first runs our kernel (16-bit:
@@ -384,6 +386,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.subprocess
 def test_torch_compile_of_a_vllm_op_runs_our_kernel(bridge_python):
     out = run_script(bridge_python, f"CPU_PROVIDERS = {CPU_PROVIDERS!r}\n" + COMPILE, env={"CI": "1"})
     # Opaque: Inductor keeps vLLM's op and calls it, whose dispatch runs our kernel.
@@ -407,6 +410,7 @@ print(json.dumps({"state": vllm_bridge.state.to_json(), "impls": sorted(op.impls
 """
 
 
+@pytest.mark.subprocess
 def test_untested_vllm_version_is_refused_whole(bridge_python):
     out = run_script(bridge_python, VERSION)
     assert out["state"]["status"] == "refused" and out["state"]["registered"] == {}
@@ -415,6 +419,7 @@ def test_untested_vllm_version_is_refused_whole(bridge_python):
     assert any(level == "WARNING" and "outside the range" in msg for _, level, msg in out["logs"])
 
 
+@pytest.mark.subprocess
 def test_cli_reports_the_bridge(bridge_python):
     listed = json.loads(sh(bridge_python, "-m", "vllm_ir", "providers", "list", "--json").stdout)["vllm_bridge"]
     assert listed["status"] == "ready" and listed["vllm_version"] == "0.33.0", listed

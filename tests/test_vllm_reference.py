@@ -409,6 +409,7 @@ def _report(rows: list) -> str:
     return "\n".join(f"  {op} on {p}, {label}: {status} {detail}" for op, p, label, status, detail in rows)
 
 
+@pytest.mark.subprocess
 def test_vllm_references_are_importable_without_vllms_dependencies(comparison):
     assert comparison["unavailable"] == {}, comparison["unavailable"]
     assert comparison["errors"] == [], comparison["errors"]
@@ -427,6 +428,7 @@ def test_the_ops_vllm_declares_compute_what_vllm_computes_on_every_cpu_provider(
     assert {(r[0], r[1]) for r in rows} == ran, ran
 
 
+@pytest.mark.subprocess
 def test_every_other_shared_op_matches_vllm_or_documents_why(comparison):
     rows = [r for r in comparison["results"] if r[0] not in VLLM_IR_OPS]
     compared = {r[0] for r in rows}
