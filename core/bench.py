@@ -508,14 +508,15 @@ def _check_providers(names: Sequence[str], ops: Sequence[IrOp]) -> None:
             )
 
 
-def json_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The ``--json FILE`` document: ``schema`` and the ``machine`` block every CLI document
-    starts with (`vllm_ir.cli.json_document`), then every figure; the one-line machine summary
-    the table prints is ``machine_summary``."""
+def json_report(report: dict[str, Any], verb: str = "bench") -> dict[str, Any]:
+    """The ``--json FILE`` document of ``bench`` (``tune``, ``bench --model``: ``verb``):
+    ``schema`` and the ``machine`` block every CLI document starts with
+    (`vllm_ir.cli.json_document`), then every figure; the one-line machine summary the table
+    prints is ``machine_summary``."""
     from vllm_ir.cli import json_document
 
     figures = {k: v for k, v in report.items() if k != "machine"}
-    return json_document("bench", {"machine_summary": report["machine"], **figures})
+    return json_document(verb, {"machine_summary": report["machine"], **figures})
 
 
 def main(args: Any) -> int:

@@ -615,7 +615,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 # doctor
 
 #: Variables vllm-ir itself reads besides vllm_ir.env.VARIABLES (a close miss of any is a typo).
-_OTHER_VARIABLES = ("VLLM_IR_LOG_LEVEL", "VLLM_IR_BUILD_EXTENSION")
+_OTHER_VARIABLES = ("VLLM_IR_BUILD_EXTENSION",)
 
 
 def _setting_findings() -> list[Any]:

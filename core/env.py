@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vllm_ir.errors import ConfigError, ConfigWarning  # defined with the others; importable here too
+from vllm_ir.log import ENV_LOG_LEVEL
 
 # Every variable, with what it takes (``vllm-ir doctor`` and the README list the same).
 ENV_PRIORITY = "VLLM_IR_OP_PRIORITY"
@@ -58,6 +59,7 @@ VARIABLES: dict[str, str] = {
     ENV_TRACE: "a boolean: trace every op call of the process, summary at exit (vllm_ir.trace)",
     ENV_TRACE_DIR: "a folder: where a traced process writes its trace at exit instead of printing it",
     ENV_REFERENCE: "a boolean: run every op native, eager and compiled (vllm_ir.reference)",
+    ENV_LOG_LEVEL: "a log level of the vllm_ir logger: CRITICAL, ERROR, WARNING, INFO or DEBUG (any case)",
 }
 
 TRUE = ("1", "true", "yes", "on")

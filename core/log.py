@@ -12,6 +12,7 @@ import logging
 import os
 
 ENV_LOG_LEVEL = "VLLM_IR_LOG_LEVEL"
+
 LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 logger = logging.getLogger("vllm_ir")

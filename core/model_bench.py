@@ -262,6 +262,7 @@ def plot(report: dict[str, Any], path: str) -> str:
 
 
 def main(args: Any) -> int:
+    from vllm_ir import bench
     from vllm_ir.cli import UsageError, check_writable
 
     if args.model not in MODELS:
@@ -294,7 +295,7 @@ def main(args: Any) -> int:
     print(format_report(report))
     if args.json_file:
         with open(args.json_file, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump(bench.json_report(report, "bench-model"), f, indent=2)
     if args.plot:
         print(plot(report, args.plot))
     return 0

@@ -187,7 +187,7 @@ def main(args: Any) -> int:
     )
     if json_file:
         with open(json_file, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+            json.dump(bench.json_report(report, "tune"), f, indent=1)
     wrong = [r for r in report["results"] if r["status"] in ("wrong", "error")]
     entries, lines = build_entries(report)
     busy = busy_reason(report)

@@ -377,6 +377,8 @@ def test_bench_model_times_stock_and_kernelized_steps(tmp_path, capsys):
     argv = ["bench", "--model", "qwen3", "--layers", "1", "--hidden", "64", "--tokens", "4", "--quick", "--rounds", "1"]
     assert cli.main([*argv, "--no-compile", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
+    assert list(report)[:2] == ["schema", "machine"] and report["schema"] == "vllm-ir.bench-model/1"
+    assert report["machine"]["torch"] == torch.__version__ and report["machine_summary"]
     variants = {f"{v} eager / {s}" for v in ("stock", "vllm-ir") for s in ("prefill", "decode")}
     assert set(report["times"]) == variants == set(report["profile"])
     assert all(t["median_us"] > 0 for t in report["times"].values())

@@ -271,5 +271,7 @@ def test_tune_writes_a_table_that_the_layer_reads(tmp_path):
     assert doc["machine"]["isa"] == torch.backends.cpu.get_cpu_capability()
     for e in parsed.entries:
         assert e.providers[-1] == "native" and e.measured and e.hidden == 64
-    figures = json.loads((tmp_path / "f.json").read_text())["results"]  # what the table learned from
+    learned = json.loads((tmp_path / "f.json").read_text())
+    assert list(learned)[:2] == ["schema", "machine"] and learned["schema"] == "vllm-ir.tune/1"
+    figures = learned["results"]  # what the table learned from
     assert {(r["provider"], r["tokens"]) for r in figures} == {(p, t) for p in ("native", "aten") for t in (1, 64)}
