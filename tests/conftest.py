@@ -161,10 +161,13 @@ _unmarked: dict[str, list[str]] = {}
 _popen_init = subprocess.Popen.__init__
 
 
-def _audited_popen(self, *args, **kwargs):
-    if _current:
+def _audited_popen(self, args, *rest, **kwargs):
+    """Notes a child interpreter (not other programs: Inductor runs the C++ compiler)."""
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    program = os.path.basename(os.fsdecode(argv[0])) if argv else ""
+    if _current and (program.startswith("python") or program == "vllm-ir"):
         _current[-1].add("subprocess")
-    _popen_init(self, *args, **kwargs)
+    _popen_init(self, args, *rest, **kwargs)
 
 
 def _on_compile(*_args, **_kwargs):

@@ -194,6 +194,7 @@ print(json.dumps({{"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": cou
 """
 
 
+@pytest.mark.subprocess
 def test_fresh_processes_find_the_entry_of_their_own_priority(cache_dir):
     """Each process computes the same uuid for the same priority: it hits that entry, not a stale one."""
     path, runs = cache_dir

@@ -266,6 +266,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.subprocess
 def test_a_fresh_process_hits_the_entry_of_its_facts_and_misses_for_new_ones(facts_cache_dir):
     path, _runs = facts_cache_dir
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(path), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
