@@ -48,6 +48,7 @@ from vllm_ir.plugins import (
     load_providers,
     provider_records,
 )
+from vllm_ir.provider import Provider
 
 _log.configure_from_env()
 _plugins.install()
@@ -103,6 +104,7 @@ __all__ = [
     "PredicateError",
     "PriorityEntry",
     "PriorityError",
+    "Provider",
     "ProviderWarning",
     "PriorityLayer",
     "RegistrationError",

@@ -12,7 +12,9 @@ are registered as unsupported with that reason, which ``vllm-ir providers list``
         y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
 
 Op families are found, not listed: every public module of this package (a name without a
-leading underscore) is imported and its ``register(status)`` called; its optional
+leading underscore) is imported (`vllm_ir.provider.import_families`); it registers its kernels
+through ``_extension.VLLM_C`` (a `vllm_ir.Provider`), or through a ``register(status)``
+function, which is then called; its optional
 ``EAGER_FIRST`` maps platform names to the ops for which ``vllm_c`` goes first in eager mode
 where no measured table speaks (see `vllm_ir_tuning_tables`). Adding an op therefore adds files
 (csrc/cpu/<op>.cpp, csrc/cuda/<op>.cu, <op>.py) and edits none.
@@ -25,15 +27,14 @@ defaults below. The ``EAGER_FIRST`` lists are the defaults for machines no table
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
 from vllm_ir.hookspecs import hookimpl
+from vllm_ir.provider import default_fakes, import_families
 
-from ._extension import PROVIDER, ExtensionStatus, load
+from ._extension import PROVIDER, STATUS, ExtensionStatus
 
 __version__ = "0.1.0"
 __all__ = [
@@ -49,19 +50,17 @@ __all__ = [
 
 
 def _register_families(status: ExtensionStatus) -> tuple[ModuleType, ...]:
-    """Import every op family module of this package and register its implementations."""
-    families = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        module.register(status)
-        families.append(module)
-    return tuple(families)
+    """Import every op family module of this package (each registers its implementations), then
+    give the library's ops that only write their arguments their fakes."""
+    families = import_families(__name__, __path__)
+    for module in families:
+        if hasattr(module, "register"):
+            module.register(status)
+    if status.loaded:
+        default_fakes("vllm_ir_c")
+    return families
 
 
-#: Whether the compiled kernels are usable in this process, and why not.
-STATUS: ExtensionStatus = load(__name__)
 #: The op family modules, each registered.
 FAMILIES: tuple[ModuleType, ...] = _register_families(STATUS)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vllm_ir import Unsupported
+from vllm_ir import Provider, Unsupported
 
 #: The provider name every implementation of this package registers under.
 PROVIDER = "vllm_c"
@@ -95,3 +95,9 @@ def torch_op(status: ExtensionStatus, name: str) -> Callable[..., Any]:
         raise RuntimeError(f"vllm_c kernels are not available: {status.reason}")
 
     return kernel
+
+
+#: Whether the compiled kernels are usable in this process, and why not.
+STATUS: ExtensionStatus = load(__name__.rpartition(".")[0])
+#: The registration surface of every family: unavailable with the load failure's reason if not loaded.
+VLLM_C = Provider(PROVIDER, available=supported(STATUS), compile_facts=compile_facts(STATUS))

@@ -27,15 +27,12 @@ machine (computed or looked-up values, fixed by CPU vendor or ``VLLM_IR_C_TABLES
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
-import vllm_ir
 from vllm_ir import Unsupported
 
-from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
+from ._extension import PROVIDER, STATUS, VLLM_C, devices, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GATED = ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul")
@@ -61,158 +58,120 @@ EXACT_ON_CPU = ("silu_and_mul", "mul_and_silu", "fatrelu_and_mul", "relu2")
 EAGER_FIRST = {"cpu": (*GATED, *ROW_STATISTIC_GATED, *ELEMENTWISE), "cuda": (*GATED, *ELEMENTWISE)}
 
 
-#: The extension's status, as `register` was given it (table_path reads it).
-_status: ExtensionStatus | None = None
+ON = devices(STATUS)
 
 
-def register(status: ExtensionStatus) -> None:
-    """Register every activation; unsupported with the load failure's reason if not loaded."""
-    global _status
-    _status = status
-    if status.loaded:
-        _register_fakes(tuple(n for n in ROW_STATISTIC_GATED if hasattr(torch.ops.vllm_ir_c, n)))
-    on = devices(status)
-    # Every kernel computes each output element from its own inputs in a fixed way: results
-    # never depend on the batch, on CPU or CUDA.
-    options: dict[str, object] = {
-        "supported": supported(status),
-        "batch_invariant": True,
-        "compile_facts": compile_facts(status),
-    }
+def _exact(name: str) -> bool:
+    return ON == ("cpu",) and name in EXACT_ON_CPU
 
-    def exact(name: str) -> bool:
-        return on == ("cpu",) and name in EXACT_ON_CPU
 
-    def gated_verdict(x: Tensor) -> bool | Unsupported:
-        verdict = _device_and_dtype(x, on)
-        if verdict is not None:
-            return verdict
-        if x.dim() == 0:
-            return Unsupported("x is 0-d (gated ops split the last dimension)")
-        if x.shape[-1] % 2:
-            return Unsupported(f"last dimension {x.shape[-1]} is odd (gate and up halves differ in size)")
-        if x.stride(-1) != 1 and x.size(-1) != 1:
-            return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
-        return True
+def gated_verdict(x: Tensor) -> bool | Unsupported:
+    verdict = _device_and_dtype(x, ON)
+    if verdict is not None:
+        return verdict
+    if x.dim() == 0:
+        return Unsupported("x is 0-d (gated ops split the last dimension)")
+    if x.shape[-1] % 2:
+        return Unsupported(f"last dimension {x.shape[-1]} is odd (gate and up halves differ in size)")
+    if x.stride(-1) != 1 and x.size(-1) != 1:
+        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
+    return True
 
-    def elementwise_verdict(x: Tensor) -> bool | Unsupported:
-        verdict = _device_and_dtype(x, on)
-        return True if verdict is None else verdict
 
-    # A library built before gelu_and_mul_sparse existed (an install not rebuilt): that one op
-    # is unsupported, saying so, and the rest work.
-    sparse_built = not status.loaded or hasattr(torch.ops.vllm_ir_c, "gelu_and_mul_sparse")
-    sparse_options = dict(options)
-    if not sparse_built:
-        sparse_options["supported"] = Unsupported(
-            "the vllm_c library predates gelu_and_mul_sparse: rebuild it (pip install -e providers/vllm_c)"
-        )
-    names = (*GATED, *(ROW_STATISTIC_GATED if sparse_built else ()), *ELEMENTWISE)
-    kernels = {name: torch_op(status, name) for name in names}
+def elementwise_verdict(x: Tensor) -> bool | Unsupported:
+    verdict = _device_and_dtype(x, ON)
+    return True if verdict is None else verdict
 
-    def gated_out(x: Tensor) -> Tensor:
-        return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
 
-    def supports_silu_and_mul(x: Tensor) -> bool | Unsupported:
-        return gated_verdict(x)
+# A library built before gelu_and_mul_sparse existed (an install not rebuilt): that one op is
+# unsupported, saying so, and the rest work.
+SPARSE_BUILT = not STATUS.loaded or hasattr(torch.ops.vllm_ir_c, "gelu_and_mul_sparse")
+_kernels = {
+    name: torch_op(STATUS, name) for name in (*GATED, *(ROW_STATISTIC_GATED if SPARSE_BUILT else ()), *ELEMENTWISE)
+}
 
-    @vllm_ir.ops.silu_and_mul.register_impl(
-        PROVIDER, supports_args=supports_silu_and_mul, exact=exact("silu_and_mul"), **options
-    )
-    def silu_and_mul(x: Tensor) -> Tensor:
-        out = gated_out(x)
-        kernels["silu_and_mul"](out, x)
-        return out
 
-    def supports_mul_and_silu(x: Tensor) -> bool | Unsupported:
-        return gated_verdict(x)
+def _gated_out(x: Tensor) -> Tensor:
+    return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
 
-    @vllm_ir.ops.mul_and_silu.register_impl(
-        PROVIDER, supports_args=supports_mul_and_silu, exact=exact("mul_and_silu"), **options
-    )
-    def mul_and_silu(x: Tensor) -> Tensor:
-        out = gated_out(x)
-        kernels["mul_and_silu"](out, x)
-        return out
 
+def _check_approximate(op: str, approximate: str) -> None:
     # A bad `approximate` is no reason to fall back: native would raise too. The kernel says so.
-    def supports_gelu_and_mul(x: Tensor, approximate: str = "none") -> bool | Unsupported:
-        return gated_verdict(x)
-
-    @vllm_ir.ops.gelu_and_mul.register_impl(
-        PROVIDER, supports_args=supports_gelu_and_mul, exact=exact("gelu_and_mul"), **options
-    )
-    def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
-        if approximate not in ("none", "tanh"):
-            raise ValueError(
-                f"gelu_and_mul (provider {PROVIDER}): approximate must be 'none' or 'tanh', not {approximate!r}"
-            )
-        out = gated_out(x)
-        kernels["gelu_and_mul"](out, x, approximate)
-        return out
-
-    def supports_fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> bool | Unsupported:
-        return gated_verdict(x)
-
-    @vllm_ir.ops.fatrelu_and_mul.register_impl(
-        PROVIDER, supports_args=supports_fatrelu_and_mul, exact=exact("fatrelu_and_mul"), **options
-    )
-    def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
-        out = gated_out(x)
-        kernels["fatrelu_and_mul"](out, x, threshold)
-        return out
-
-    def supports_swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> bool | Unsupported:
-        return gated_verdict(x)
-
-    @vllm_ir.ops.swigluoai_and_mul.register_impl(
-        PROVIDER, supports_args=supports_swigluoai_and_mul, exact=exact("swigluoai_and_mul"), **options
-    )
-    def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
-        out = gated_out(x)
-        kernels["swigluoai_and_mul"](out, x, alpha, limit)
-        return out
-
-    # As for gelu_and_mul: a bad `approximate` raises (native would too), the kernel says so.
-    def supports_gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "none") -> bool | Unsupported:
-        return gated_verdict(x)
-
-    @vllm_ir.ops.gelu_and_mul_sparse.register_impl(
-        PROVIDER, supports_args=supports_gelu_and_mul_sparse, exact=False, **sparse_options
-    )
-    def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "none") -> Tensor:
-        if approximate not in ("none", "tanh"):
-            raise ValueError(
-                f"gelu_and_mul_sparse (provider {PROVIDER}): approximate must be 'none' or 'tanh', not {approximate!r}"
-            )
-        out = gated_out(x)
-        kernels["gelu_and_mul_sparse"](out, x, float(std_multiplier), approximate)
-        return out
-
-    for name in ELEMENTWISE:
-        _register_elementwise(name, kernels[name], elementwise_verdict, exact(name), options)
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"{op} (provider {PROVIDER}): approximate must be 'none' or 'tanh', not {approximate!r}")
 
 
-def _register_elementwise(
-    name: str,
-    kernel: Callable[..., object],
-    verdict: Callable[[Tensor], bool | Unsupported],
-    exact: bool,
-    options: dict[str, object],
-) -> None:
+# Every kernel computes each output element from its own inputs in a fixed way: results never
+# depend on the batch, on CPU or CUDA.
+def _gated(name: str):
+    return VLLM_C.impl(name, supports=gated_verdict, batch_invariant=True, exact=_exact(name))
+
+
+@_gated("silu_and_mul")
+def silu_and_mul(x):
+    out = _gated_out(x)
+    _kernels["silu_and_mul"](out, x)
+    return out
+
+
+@_gated("mul_and_silu")
+def mul_and_silu(x):
+    out = _gated_out(x)
+    _kernels["mul_and_silu"](out, x)
+    return out
+
+
+@_gated("gelu_and_mul")
+def gelu_and_mul(x, approximate="none"):
+    _check_approximate("gelu_and_mul", approximate)
+    out = _gated_out(x)
+    _kernels["gelu_and_mul"](out, x, approximate)
+    return out
+
+
+@_gated("fatrelu_and_mul")
+def fatrelu_and_mul(x, threshold=0.0):
+    out = _gated_out(x)
+    _kernels["fatrelu_and_mul"](out, x, threshold)
+    return out
+
+
+@_gated("swigluoai_and_mul")
+def swigluoai_and_mul(x, alpha=1.702, limit=7.0):
+    out = _gated_out(x)
+    _kernels["swigluoai_and_mul"](out, x, alpha, limit)
+    return out
+
+
+@VLLM_C.impl(
+    "gelu_and_mul_sparse",
+    supports=gated_verdict,
+    batch_invariant=True,
+    supported=SPARSE_BUILT
+    or Unsupported("the vllm_c library predates gelu_and_mul_sparse: rebuild it (pip install -e providers/vllm_c)"),
+)
+def gelu_and_mul_sparse(x, std_multiplier, approximate="none"):
+    _check_approximate("gelu_and_mul_sparse", approximate)
+    out = _gated_out(x)
+    _kernels["gelu_and_mul_sparse"](out, x, float(std_multiplier), approximate)
+    return out
+
+
+def _elementwise(name: str) -> None:
     """One elementwise op: x -> a fresh tensor with x's layout (dense) or contiguous."""
+    kernel = _kernels[name]
 
-    def supports(x: Tensor) -> bool | Unsupported:
-        return verdict(x)
-
-    def impl(x: Tensor) -> Tensor:
+    def impl(x):
         out = torch.empty_like(x)
         kernel(out, x)
         return out
 
     impl.__name__ = impl.__qualname__ = name
-    supports.__name__ = supports.__qualname__ = f"supports_{name}"
-    getattr(vllm_ir.ops, name).register_impl(PROVIDER, supports_args=supports, exact=exact, **options)(impl)
+    VLLM_C.register(name, impl, supports=elementwise_verdict, batch_invariant=True, exact=_exact(name))
+
+
+for _name in ELEMENTWISE:
+    _elementwise(_name)
 
 
 def _device_and_dtype(x: Tensor, device_types: tuple[str, ...]) -> Unsupported | None:
@@ -223,21 +182,11 @@ def _device_and_dtype(x: Tensor, device_types: tuple[str, ...]) -> Unsupported |
     return None
 
 
-def _register_fakes(row_statistic: tuple[str, ...]) -> None:
-    """Fake kernels: the ops only write their ``(a!)`` output, so tracing needs no results."""
-    for name in (*GATED, *row_statistic, *ELEMENTWISE):
-        torch.library.register_fake(f"vllm_ir_c::{name}")(_no_result)
-
-
-def _no_result(*args: object) -> None:
-    return None
-
-
 def table_path() -> str | None:
     """How the CPU kernels read their 16-bit activation tables in this process, and why:
     ``"lookup: ..."`` / ``"computed: ..."`` (AVX512: fixed by CPU vendor, or ``VLLM_IR_C_TABLES``),
     ``"off: ..."`` (``VLLM_IR_C_TABLES=0``), ``"none: ..."`` (below AVX512 every element is
     computed). None without the extension. The bits are the same whichever it is."""
-    if _status is None or not _status.loaded or not hasattr(torch.ops.vllm_ir_c, "table_path"):
+    if not STATUS.loaded or not hasattr(torch.ops.vllm_ir_c, "table_path"):
         return None
     return str(torch.ops.vllm_ir_c.table_path())

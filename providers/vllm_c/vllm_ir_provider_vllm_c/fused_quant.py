@@ -25,11 +25,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import vllm_ir
 from vllm_ir import Unsupported
 from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
 
-from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
+from ._extension import STATUS, VLLM_C, devices, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -39,209 +38,113 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 EAGER_FIRST = {"cpu": tuple(op.name for op in FUSED_QUANT_OPS)}
 
 
-def register(status: ExtensionStatus) -> None:
-    """Register the implementations; unsupported with the load failure's reason if not loaded."""
-    if status.loaded:
-        _register_fakes()
-    static_kernel = torch_op(status, "rms_norm_static_fp8_quant")
-    add_static_kernel = torch_op(status, "fused_add_rms_norm_static_fp8_quant")
-    dynamic_kernel = torch_op(status, "rms_norm_dynamic_per_token_fp8_quant")
-    silu_kernel = torch_op(status, "silu_and_mul_static_fp8_quant")
-    group_kernel = torch_op(status, "rms_norm_group_fp8_quant")
-    silu_group_kernel = torch_op(status, "silu_and_mul_group_fp8_quant")
-    group_devices = devices(status)  # CPU, and CUDA where the CUDA sources were built
-    # Each row is computed from its own values in a fixed order whatever the batch. Not exact:
-    # the sum of squares is vectorized (another summation order than native's mean), which can
-    # move the inverse RMS by an ulp; bf16/fp16 rounding and fp8 encoding usually hide it, but
-    # a float32 row's dynamic scale shows it.
-    options = {
-        "supported": supported(status),
-        "batch_invariant": True,
-        "compile_facts": compile_facts(status),
-    }
+_static = torch_op(STATUS, "rms_norm_static_fp8_quant")
+_add_static = torch_op(STATUS, "fused_add_rms_norm_static_fp8_quant")
+_dynamic = torch_op(STATUS, "rms_norm_dynamic_per_token_fp8_quant")
+_silu = torch_op(STATUS, "silu_and_mul_static_fp8_quant")
+_group_kernel = torch_op(STATUS, "rms_norm_group_fp8_quant")
+_silu_group = torch_op(STATUS, "silu_and_mul_group_fp8_quant")
+GROUP_DEVICES = devices(STATUS)  # CPU, and CUDA where the CUDA sources were built
+# Each row is computed from its own values in a fixed order whatever the batch. Not exact: the
+# sum of squares is vectorized (another summation order than native's mean), which can move the
+# inverse RMS by an ulp; bf16/fp16 rounding and fp8 encoding usually hide it, but a float32
+# row's dynamic scale shows it.
+OPTIONS = {"batch_invariant": True}
 
-    def supports_static(
-        x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-    ) -> bool | Unsupported:
-        return _first(_common(x, None, weight, fp8_dtype), _static_scale(x, scale))
 
-    def supports_add_static(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-    ) -> bool | Unsupported:
-        return _first(_common(x, x_residual, weight, fp8_dtype), _static_scale(x, scale))
+def supports_add_static(x, x_residual, weight, scale, fp8_dtype) -> bool | Unsupported:
+    return _first(_common(x, x_residual, weight, fp8_dtype), _static_scale(x, scale))
 
-    def supports_dynamic(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        fp8_dtype: torch.dtype,
-        scale_ub: Tensor | None = None,
-    ) -> bool | Unsupported:
-        verdict = _common(x, x_residual, weight, fp8_dtype)
-        if verdict is None and scale_ub is not None:
-            if scale_ub.dtype != torch.float32 or scale_ub.device != x.device or scale_ub.numel() != 1:
-                verdict = Unsupported(
-                    f"scale_ub must be one float32 element on x's device, got {scale_ub.dtype} "
-                    f"{list(scale_ub.shape)} on {scale_ub.device}"
-                )
-            elif scale_ub.dim() > 1:
-                verdict = Unsupported(f"scale_ub is {scale_ub.dim()}-D (native broadcasts the scale's shape to it)")
-        return True if verdict is None else verdict
 
-    def supports_silu(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> bool | Unsupported:
-        verdict = _common(x, None, None, fp8_dtype)
-        if verdict is None and x.shape[-1] % 2:
-            verdict = Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
-        return _first(verdict, _static_scale(x, scale))
+def supports_static(x, weight, scale, fp8_dtype) -> bool | Unsupported:
+    return supports_add_static(x, None, weight, scale, fp8_dtype)
 
-    def supports_group(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        group_size: int,
-        column_major: bool,
-        use_ue8m0: bool,
-        fp8_dtype: torch.dtype,
-    ) -> bool | Unsupported:
-        return _first(_common(x, x_residual, weight, fp8_dtype, group_devices), _group(x, group_size, column_major))
 
-    def supports_silu_group(
-        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
-    ) -> bool | Unsupported:
-        verdict = _common(x, None, None, fp8_dtype, group_devices)
-        if verdict is None and x.shape[-1] % 2:
-            verdict = Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
-        return _first(verdict, _group(x, group_size, column_major))
+def supports_dynamic(x, x_residual, weight, fp8_dtype, scale_ub) -> bool | Unsupported:
+    verdict = _common(x, x_residual, weight, fp8_dtype)
+    if verdict is None and scale_ub is not None:
+        if scale_ub.dtype != torch.float32 or scale_ub.device != x.device or scale_ub.numel() != 1:
+            verdict = Unsupported(
+                f"scale_ub must be one float32 element on x's device, got {scale_ub.dtype} "
+                f"{list(scale_ub.shape)} on {scale_ub.device}"
+            )
+        elif scale_ub.dim() > 1:
+            verdict = Unsupported(f"scale_ub is {scale_ub.dim()}-D (native broadcasts the scale's shape to it)")
+    return True if verdict is None else verdict
 
-    @vllm_ir.ops.silu_and_mul_static_fp8_quant.register_impl(PROVIDER, supports_args=supports_silu, **options)
-    def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
-        out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=fp8_dtype, device=x.device)
-        silu_kernel(out, x, scale)
-        return out
 
-    @vllm_ir.ops.rms_norm_static_fp8_quant.register_impl(PROVIDER, supports_args=supports_static, **options)
-    def rms_norm_static_fp8_quant(
-        x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-    ) -> Tensor:
-        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-        static_kernel(out, x, weight, scale, epsilon)
-        return out
+def supports_silu(x, scale, fp8_dtype) -> bool | Unsupported:
+    verdict = _common(x, None, None, fp8_dtype)
+    if verdict is None and x.shape[-1] % 2:
+        verdict = Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
+    return _first(verdict, _static_scale(x, scale))
 
-    add_options = {"supports_args": supports_add_static, **options}
 
-    @vllm_ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(PROVIDER, **add_options)
-    def fused_add_rms_norm_static_fp8_quant(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-        residual = torch.empty_like(x)
-        add_static_kernel(out, residual, x, x_residual, weight, scale, epsilon)
-        return out, residual
+def supports_group(x, x_residual, weight, group_size, column_major, fp8_dtype) -> bool | Unsupported:
+    return _first(_common(x, x_residual, weight, fp8_dtype, GROUP_DEVICES), _group(x, group_size, column_major))
 
-    @vllm_ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(PROVIDER, inplace=True, **add_options)
-    def fused_add_rms_norm_static_fp8_quant_inplace(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        # The new residual goes into x_residual; q has its own (fp8) buffer.
-        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-        add_static_kernel(out, x_residual, x, x_residual, weight, scale, epsilon)
-        return out, x_residual
 
-    dynamic_options = {"supports_args": supports_dynamic, **options}
+def supports_silu_group(x, group_size, column_major, fp8_dtype) -> bool | Unsupported:
+    verdict = _common(x, None, None, fp8_dtype, GROUP_DEVICES)
+    if verdict is None and x.shape[-1] % 2:
+        verdict = Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
+    return _first(verdict, _group(x, group_size, column_major))
 
-    def dynamic(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        fp8_dtype: torch.dtype,
-        scale_ub: Tensor | None,
-        in_place: bool,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-        scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
-        residual = None if x_residual is None else (x_residual if in_place else torch.empty_like(x))
-        dynamic_kernel(out, scales, residual, x, x_residual, weight, scale_ub, epsilon)
-        return out, scales, residual
 
-    @vllm_ir.ops.rms_norm_dynamic_per_token_fp8_quant.register_impl(PROVIDER, **dynamic_options)
-    def rms_norm_dynamic_per_token_fp8_quant(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        fp8_dtype: torch.dtype,
-        scale_ub: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        return dynamic(x, x_residual, weight, epsilon, fp8_dtype, scale_ub, in_place=False)
+@VLLM_C.impl("silu_and_mul_static_fp8_quant", supports=supports_silu, **OPTIONS)
+def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
+    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=fp8_dtype, device=x.device)
+    _silu(out, x, scale)
+    return out
 
-    @vllm_ir.ops.rms_norm_dynamic_per_token_fp8_quant.register_impl(PROVIDER, inplace=True, **dynamic_options)
-    def rms_norm_dynamic_per_token_fp8_quant_inplace(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        fp8_dtype: torch.dtype,
-        scale_ub: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        return dynamic(x, x_residual, weight, epsilon, fp8_dtype, scale_ub, in_place=True)
 
-    group_options = {"supports_args": supports_group, **options}
+@VLLM_C.impl("rms_norm_static_fp8_quant", supports=supports_static, **OPTIONS)
+def rms_norm_static_fp8_quant(
+    x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
+) -> Tensor:
+    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    _static(out, x, weight, scale, epsilon)
+    return out
 
-    def group(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        group_size: int,
-        column_major: bool,
-        use_ue8m0: bool,
-        fp8_dtype: torch.dtype,
-        in_place: bool,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-        scales = _group_scales(x.shape, group_size, column_major, x.device)
-        residual = None if x_residual is None else (x_residual if in_place else torch.empty_like(x))
-        group_kernel(out, scales, residual, x, x_residual, weight, group_size, use_ue8m0, epsilon)
-        return out, scales, residual
 
-    @vllm_ir.ops.rms_norm_group_fp8_quant.register_impl(PROVIDER, **group_options)
-    def rms_norm_group_fp8_quant(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        group_size: int,
-        column_major: bool,
-        use_ue8m0: bool,
-        fp8_dtype: torch.dtype,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        return group(x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype, in_place=False)
+@VLLM_C.impl("fused_add_rms_norm_static_fp8_quant", supports=supports_add_static, **OPTIONS)
+def fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, fp8_dtype, inplace=False):
+    # In place, the new residual goes into x_residual; q always has its own (fp8) buffer.
+    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    residual = x_residual if inplace else torch.empty_like(x)
+    _add_static(out, residual, x, x_residual, weight, scale, epsilon)
+    return out, residual
 
-    @vllm_ir.ops.rms_norm_group_fp8_quant.register_impl(PROVIDER, inplace=True, **group_options)
-    def rms_norm_group_fp8_quant_inplace(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        group_size: int,
-        column_major: bool,
-        use_ue8m0: bool,
-        fp8_dtype: torch.dtype,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        return group(x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype, in_place=True)
 
-    @vllm_ir.ops.silu_and_mul_group_fp8_quant.register_impl(PROVIDER, supports_args=supports_silu_group, **options)
-    def silu_and_mul_group_fp8_quant(
-        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        shape = (*x.shape[:-1], x.shape[-1] // 2)
-        out = torch.empty(shape, dtype=fp8_dtype, device=x.device)
-        scales = _group_scales(shape, group_size, column_major, x.device)
-        silu_group_kernel(out, scales, x, group_size, use_ue8m0)
-        return out, scales
+@VLLM_C.impl("rms_norm_dynamic_per_token_fp8_quant", supports=supports_dynamic, **OPTIONS)
+def rms_norm_dynamic_per_token_fp8_quant(x, x_residual, weight, epsilon, fp8_dtype, scale_ub=None, inplace=False):
+    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    residual = None if x_residual is None else (x_residual if inplace else torch.empty_like(x))
+    _dynamic(out, scales, residual, x, x_residual, weight, scale_ub, epsilon)
+    return out, scales, residual
+
+
+@VLLM_C.impl("rms_norm_group_fp8_quant", supports=supports_group, **OPTIONS)
+def rms_norm_group_fp8_quant(
+    x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype, inplace=False
+):
+    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    scales = _group_scales(x.shape, group_size, column_major, x.device)
+    residual = None if x_residual is None else (x_residual if inplace else torch.empty_like(x))
+    _group_kernel(out, scales, residual, x, x_residual, weight, group_size, use_ue8m0, epsilon)
+    return out, scales, residual
+
+
+@VLLM_C.impl("silu_and_mul_group_fp8_quant", supports=supports_silu_group, **OPTIONS)
+def silu_and_mul_group_fp8_quant(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    shape = (*x.shape[:-1], x.shape[-1] // 2)
+    out = torch.empty(shape, dtype=fp8_dtype, device=x.device)
+    scales = _group_scales(shape, group_size, column_major, x.device)
+    _silu_group(out, scales, x, group_size, use_ue8m0)
+    return out, scales
 
 
 def _group_scales(shape: tuple[int, ...], group_size: int, column_major: bool, device: torch.device) -> Tensor:
@@ -252,34 +155,6 @@ def _group_scales(shape: tuple[int, ...], group_size: int, column_major: bool, d
         scales = torch.empty((*shape[:-2], groups, shape[-2]), dtype=torch.float32, device=device)
         return scales.transpose(-2, -1)
     return torch.empty((*shape[:-1], groups), dtype=torch.float32, device=device)
-
-
-def _register_fakes() -> None:
-    """Fake kernels: the ops only write their ``(a!)``/``(b!)``/``(c!)`` arguments."""
-
-    @torch.library.register_fake("vllm_ir_c::rms_norm_static_fp8_quant")
-    def _static_fake(out, input, weight, scale, epsilon):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::fused_add_rms_norm_static_fp8_quant")
-    def _add_static_fake(out, residual_out, input, residual, weight, scale, epsilon):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::rms_norm_dynamic_per_token_fp8_quant")
-    def _dynamic_fake(out, scales, residual_out, input, residual, weight, scale_ub, epsilon):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::silu_and_mul_static_fp8_quant")
-    def _silu_fake(out, input, scale):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::rms_norm_group_fp8_quant")
-    def _group_fake(out, scales, residual_out, input, residual, weight, group_size, use_ue8m0, epsilon):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::silu_and_mul_group_fp8_quant")
-    def _silu_group_fake(out, scales, input, group_size, use_ue8m0):
-        return None
 
 
 def _first(*verdicts: Unsupported | None) -> bool | Unsupported:

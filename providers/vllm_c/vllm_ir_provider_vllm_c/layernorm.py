@@ -23,106 +23,68 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import vllm_ir
 from vllm_ir import Unsupported
 
-from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
+from ._extension import STATUS, VLLM_C, devices, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Platforms where ``vllm_c`` goes first for these ops in eager mode: CPU (benchmarks/kernels.py:
 #: it wins at every shape there), and CUDA and ROCm (the seed's defaults; aiter's hook goes
 #: before it on ROCm).
 EAGER_FIRST = {platform: ("rms_norm", "fused_add_rms_norm") for platform in ("cpu", "cuda", "rocm")}
+ON = devices(STATUS)
+# The CPU kernels reduce each row in a fixed order whatever the batch; the CUDA ones do not
+# (their summation order depends on hidden size and pointer alignment).
+OPTIONS = {"batch_invariant": ON == ("cpu",)}
+_rms_norm = torch_op(STATUS, "rms_norm")
+_fused = torch_op(STATUS, "fused_add_rms_norm")
+_fused_out = torch_op(STATUS, "fused_add_rms_norm_out")
 
 
-def register(status: ExtensionStatus) -> None:
-    """Register the implementations; unsupported with the load failure's reason if not loaded."""
-    if status.loaded:
-        _register_fakes()
-    rms_norm_kernel = torch_op(status, "rms_norm")
-    fused_kernel = torch_op(status, "fused_add_rms_norm")
-    fused_out_kernel = torch_op(status, "fused_add_rms_norm_out")
-    on = devices(status)
-    # The CPU kernels reduce each row in a fixed order whatever the batch; the CUDA ones do not
-    # (their summation order depends on hidden size and pointer alignment).
-    options = {
-        "supported": supported(status),
-        "batch_invariant": on == ("cpu",),
-        "compile_facts": compile_facts(status),
-    }
+def supports_rms_norm(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | Unsupported:
+    verdict = _common_verdict(x, weight, variance_size, ON)
+    return True if verdict is None else verdict
 
-    def supports_rms_norm(
-        x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> bool | Unsupported:
-        verdict = _common_verdict(x, weight, variance_size, on)
-        return True if verdict is None else verdict
 
-    def supports_fused_add_rms_norm(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> bool | Unsupported:
-        verdict = _common_verdict(x, weight, variance_size, on)
-        if verdict is not None:
-            return verdict
-        if x_residual.dtype != x.dtype:
-            return Unsupported(f"x_residual dtype {x_residual.dtype} differs from x dtype {x.dtype}")
-        if x_residual.device != x.device:
-            return Unsupported(f"x_residual is on {x_residual.device}, x on {x.device}")
-        if x_residual.shape != x.shape:
-            return Unsupported(
-                f"x_residual shape {list(x_residual.shape)} != x shape {list(x.shape)} "
-                "(native broadcasts; the kernels take equal shapes)"
-            )
-        if x_residual.stride(-1) != 1 and x_residual.size(-1) != 1:
-            return Unsupported(
-                f"x_residual has stride {x_residual.stride(-1)} along the last dimension (the kernels need 1)"
-            )
-        return True
+def supports_fused_add_rms_norm(
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
+) -> bool | Unsupported:
+    verdict = _common_verdict(x, weight, variance_size, ON)
+    if verdict is not None:
+        return verdict
+    if x_residual.dtype != x.dtype:
+        return Unsupported(f"x_residual dtype {x_residual.dtype} differs from x dtype {x.dtype}")
+    if x_residual.device != x.device:
+        return Unsupported(f"x_residual is on {x_residual.device}, x on {x.device}")
+    if x_residual.shape != x.shape:
+        return Unsupported(
+            f"x_residual shape {list(x_residual.shape)} != x shape {list(x.shape)} "
+            "(native broadcasts; the kernels take equal shapes)"
+        )
+    if x_residual.stride(-1) != 1 and x_residual.size(-1) != 1:
+        return Unsupported(
+            f"x_residual has stride {x_residual.stride(-1)} along the last dimension (the kernels need 1)"
+        )
+    return True
 
-    @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=supports_rms_norm, **options)
-    def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
-        out = torch.empty_like(x)
-        rms_norm_kernel(out, x, weight, epsilon)
-        return out
 
-    fused_options = {"supports_args": supports_fused_add_rms_norm, **options}
+@VLLM_C.impl("rms_norm", supports=supports_rms_norm, **OPTIONS)
+def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+    out = torch.empty_like(x)
+    _rms_norm(out, x, weight, epsilon)
+    return out
 
-    @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, **fused_options)
-    def fused_add_rms_norm(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> tuple[Tensor, Tensor]:
-        # One pass over x and x_residual into two fresh tensors.
-        out = torch.empty_like(x)
-        residual = torch.empty_like(x)
-        fused_out_kernel(out, residual, x, x_residual, weight, epsilon)
-        return out, residual
 
-    @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, inplace=True, **fused_options)
-    def fused_add_rms_norm_inplace(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> tuple[Tensor, Tensor]:
-        # In place: x_residual <- x + x_residual, x <- rms_norm(the fp32 sum) * weight.
-        fused_kernel(x, x_residual, weight, epsilon)
+@VLLM_C.impl("fused_add_rms_norm", supports=supports_fused_add_rms_norm, **OPTIONS)
+def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None, inplace=False):
+    if inplace:  # x_residual <- x + x_residual, x <- rms_norm(the fp32 sum) * weight
+        _fused(x, x_residual, weight, epsilon)
         return x, x_residual
-
-
-def _register_fakes() -> None:
-    """Fake kernels: the ops only write their ``(a!)`` arguments, so tracing needs no outputs.
-
-    With them the ops trace as single opaque nodes on fake tensors (make_fx, torch.compile);
-    the real kernels check shapes and dtypes.
-    """
-
-    @torch.library.register_fake("vllm_ir_c::rms_norm")
-    def _rms_norm_fake(out, input, weight, epsilon):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::fused_add_rms_norm")
-    def _fused_add_rms_norm_fake(input, residual, weight, epsilon):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::fused_add_rms_norm_out")
-    def _fused_add_rms_norm_out_fake(out, residual_out, input, residual, weight, epsilon):
-        return None
+    # One pass over x and x_residual into two fresh tensors.
+    out = torch.empty_like(x)
+    residual = torch.empty_like(x)
+    _fused_out(out, residual, x, x_residual, weight, epsilon)
+    return out, residual
 
 
 def _common_verdict(

@@ -18,10 +18,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import vllm_ir
 from vllm_ir import Unsupported
 
-from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
+from ._extension import STATUS, VLLM_C, devices, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -35,109 +34,94 @@ EAGER_FIRST = {
 }
 
 
-def register(status: ExtensionStatus) -> None:
-    """Register the implementations; unsupported with the load failure's reason if not loaded."""
-    if status.loaded:
-        _register_fakes()
-    static_kernel = torch_op(status, "static_quant_fp8")
-    dynamic_kernel = torch_op(status, "dynamic_quant_fp8")
-    group_kernel = torch_op(status, "dynamic_group_quant_fp8")
-    on = devices(status)
-    # Every value is computed from its own row (or the whole tensor's absmax, a max: no order).
-    options = {
-        "supported": supported(status),
-        "batch_invariant": True,
-        "exact": True,
-        "compile_facts": compile_facts(status),
-    }
+_static = torch_op(STATUS, "static_quant_fp8")
+_dynamic = torch_op(STATUS, "dynamic_quant_fp8")
+_group = torch_op(STATUS, "dynamic_group_quant_fp8")
+ON = devices(STATUS)
+# Every value is computed from its own row (or the whole tensor's absmax, a max: no order).
+OPTIONS = {"batch_invariant": True, "exact": True}
 
-    def supports_static(
-        x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
-    ) -> bool | Unsupported:
-        verdict = _common_verdict(x, fp8_dtype, num_token_padding, on)
-        if verdict is not None:
-            return verdict
-        if scale.dtype != torch.float32:
-            return Unsupported(f"scale dtype {scale.dtype} is not supported (float32)")
-        if scale.device != x.device:
-            return Unsupported(f"scale is on {scale.device}, x on {x.device}")
-        if scale.dim() > 2:
-            return Unsupported(f"scale is {scale.dim()}-D (the kernels take one element, 1-D or 2-D scales)")
-        if scale.dim() == 2 and x.dim() != 2:
-            return Unsupported(f"a 2-D scale with a {x.dim()}-D x (the kernels group a 2-D x only)")
-        if scale.dim() == 1 and scale.numel() != 1 and x.dim() > 1:
-            return Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
-        return True
 
-    def supports_dynamic(
-        x: Tensor,
-        per_token: bool,
-        fp8_dtype: torch.dtype,
-        scale_ub: Tensor | None = None,
-        num_token_padding: int | None = None,
-    ) -> bool | Unsupported:
-        verdict = _common_verdict(x, fp8_dtype, num_token_padding, on)
-        if verdict is not None:
-            return verdict
-        if scale_ub is not None:
-            if scale_ub.dtype != torch.float32:
-                return Unsupported(f"scale_ub dtype {scale_ub.dtype} is not supported (float32)")
-            if scale_ub.device != x.device:
-                return Unsupported(f"scale_ub is on {scale_ub.device}, x on {x.device}")
-            if scale_ub.dim() > 1 or scale_ub.numel() != 1:
-                return Unsupported(
-                    f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D; "
-                    "native broadcasts the scale's shape to it)"
-                )
-        return True
+def supports_static(x, scale, fp8_dtype, num_token_padding) -> bool | Unsupported:
+    verdict = _common_verdict(x, fp8_dtype, num_token_padding, ON)
+    if verdict is not None:
+        return verdict
+    if scale.dtype != torch.float32:
+        return Unsupported(f"scale dtype {scale.dtype} is not supported (float32)")
+    if scale.device != x.device:
+        return Unsupported(f"scale is on {scale.device}, x on {x.device}")
+    if scale.dim() > 2:
+        return Unsupported(f"scale is {scale.dim()}-D (the kernels take one element, 1-D or 2-D scales)")
+    if scale.dim() == 2 and x.dim() != 2:
+        return Unsupported(f"a 2-D scale with a {x.dim()}-D x (the kernels group a 2-D x only)")
+    if scale.dim() == 1 and scale.numel() != 1 and x.dim() > 1:
+        return Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
+    return True
 
-    def supports_group(
-        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
-    ) -> bool | Unsupported:
-        verdict = _common_verdict(x, fp8_dtype, None, on)
-        if verdict is not None:
-            return verdict
-        if group_size < 1:
-            return Unsupported(f"group_size {group_size} < 1")
-        if column_major and x.dim() < 2:
-            return Unsupported("column_major scales of a 1-D x")
-        return True
 
-    @vllm_ir.ops.static_quant_fp8.register_impl(PROVIDER, supports_args=supports_static, **options)
-    def static_quant_fp8(
-        x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
-    ) -> Tensor:
-        out = _quantized_output(x, fp8_dtype, num_token_padding)
-        static_kernel(out, x, scale)
-        return out
+def supports_dynamic(x, fp8_dtype, scale_ub, num_token_padding) -> bool | Unsupported:
+    verdict = _common_verdict(x, fp8_dtype, num_token_padding, ON)
+    if verdict is not None:
+        return verdict
+    if scale_ub is not None:
+        if scale_ub.dtype != torch.float32:
+            return Unsupported(f"scale_ub dtype {scale_ub.dtype} is not supported (float32)")
+        if scale_ub.device != x.device:
+            return Unsupported(f"scale_ub is on {scale_ub.device}, x on {x.device}")
+        if scale_ub.dim() > 1 or scale_ub.numel() != 1:
+            return Unsupported(
+                f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D; "
+                "native broadcasts the scale's shape to it)"
+            )
+    return True
 
-    @vllm_ir.ops.dynamic_quant_fp8.register_impl(PROVIDER, supports_args=supports_dynamic, **options)
-    def dynamic_quant_fp8(
-        x: Tensor,
-        per_token: bool,
-        fp8_dtype: torch.dtype,
-        scale_ub: Tensor | None = None,
-        num_token_padding: int | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        out = _quantized_output(x, fp8_dtype, num_token_padding)
-        scale_shape = (*x.shape[:-1], 1) if per_token else (1,)
-        scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
-        dynamic_kernel(out, scale, x, scale_ub, per_token)
-        return out, scale
 
-    @vllm_ir.ops.dynamic_group_quant_fp8.register_impl(PROVIDER, supports_args=supports_group, **options)
-    def dynamic_group_quant_fp8(
-        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-        groups = -(-x.shape[-1] // group_size)
-        if column_major:  # the last two dimensions transposed in memory: strides (1, M) for 2-D x
-            scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
-            scales = scales.transpose(-2, -1)
-        else:
-            scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
-        group_kernel(out, scales, x, group_size, use_ue8m0)
-        return out, scales
+def supports_group(x, group_size, column_major, fp8_dtype) -> bool | Unsupported:
+    verdict = _common_verdict(x, fp8_dtype, None, ON)
+    if verdict is not None:
+        return verdict
+    if group_size < 1:
+        return Unsupported(f"group_size {group_size} < 1")
+    if column_major and x.dim() < 2:
+        return Unsupported("column_major scales of a 1-D x")
+    return True
+
+
+@VLLM_C.impl("static_quant_fp8", supports=supports_static, **OPTIONS)
+def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
+    out = _quantized_output(x, fp8_dtype, num_token_padding)
+    _static(out, x, scale)
+    return out
+
+
+@VLLM_C.impl("dynamic_quant_fp8", supports=supports_dynamic, **OPTIONS)
+def dynamic_quant_fp8(
+    x: Tensor,
+    per_token: bool,
+    fp8_dtype: torch.dtype,
+    scale_ub: Tensor | None = None,
+    num_token_padding: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    out = _quantized_output(x, fp8_dtype, num_token_padding)
+    scale_shape = (*x.shape[:-1], 1) if per_token else (1,)
+    scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
+    _dynamic(out, scale, x, scale_ub, per_token)
+    return out, scale
+
+
+@VLLM_C.impl("dynamic_group_quant_fp8", supports=supports_group, **OPTIONS)
+def dynamic_group_quant_fp8(
+    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    groups = -(-x.shape[-1] // group_size)
+    if column_major:  # the last two dimensions transposed in memory: strides (1, M) for 2-D x
+        scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
+        scales = scales.transpose(-2, -1)
+    else:
+        scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+    _group(out, scales, x, group_size, use_ue8m0)
+    return out, scales
 
 
 def _quantized_output(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> Tensor:
@@ -146,22 +130,6 @@ def _quantized_output(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int 
     if num_token_padding is not None:
         shape = (max(shape[0], num_token_padding), shape[1])
     return torch.empty(shape, dtype=fp8_dtype, device=x.device)
-
-
-def _register_fakes() -> None:
-    """Fake kernels: the ops only write their ``(a!)``/``(b!)`` arguments."""
-
-    @torch.library.register_fake("vllm_ir_c::static_quant_fp8")
-    def _static_fake(out, input, scale):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::dynamic_quant_fp8")
-    def _dynamic_fake(out, scale, input, scale_ub, per_token):
-        return None
-
-    @torch.library.register_fake("vllm_ir_c::dynamic_group_quant_fp8")
-    def _group_fake(out, scales, input, group_size, use_ue8m0):
-        return None
 
 
 def _common_verdict(

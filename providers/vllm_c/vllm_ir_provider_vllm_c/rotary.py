@@ -16,10 +16,9 @@ import math
 import torch
 from torch import Tensor
 
-import vllm_ir
 from vllm_ir import Unsupported
 
-from ._extension import PROVIDER, ExtensionStatus, compile_facts, devices, supported, torch_op
+from ._extension import PROVIDER, STATUS, VLLM_C, devices, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: vllm_c goes first in eager mode on CPU: benchmarks/rotary_cpu.py (32 heads x 128, rotary_dim
@@ -79,51 +78,22 @@ def rotary_verdict(
     return None
 
 
-def register(status: ExtensionStatus) -> None:
-    """Register the in-place implementation; unsupported with the load failure's reason if not loaded."""
-    if status.loaded:
+_kernel = torch_op(STATUS, "rotary_embedding")
+ON = devices(STATUS)
 
-        @torch.library.register_fake("vllm_ir_c::rotary_embedding")
-        def _rotary_embedding_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rotary_dim):
-            return None
 
-    kernel = torch_op(status, "rotary_embedding")
-    on = devices(status)
+def supports(positions, query, key, head_size, cos_sin_cache, rotary_dim) -> bool | Unsupported:
+    verdict = rotary_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES, ON)
+    return True if verdict is None else verdict
 
-    def supports(
-        positions: Tensor,
-        query: Tensor,
-        key: Tensor | None,
-        head_size: int,
-        cos_sin_cache: Tensor,
-        is_neox_style: bool,
-        rotary_dim: int | None = None,
-    ) -> bool | Unsupported:
-        verdict = rotary_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES, on)
-        return True if verdict is None else verdict
 
-    # Each (token, head) is rotated on its own: results never depend on the batch.
-    @vllm_ir.ops.rotary_embedding.register_impl(
-        PROVIDER,
-        supported=supported(status),
-        supports_args=supports,
-        inplace=True,
-        batch_invariant=True,
-        compile_facts=compile_facts(status),
-    )
-    def rotary_embedding(
-        positions: Tensor,
-        query: Tensor,
-        key: Tensor | None,
-        head_size: int,
-        cos_sin_cache: Tensor,
-        is_neox_style: bool,
-        rotary_dim: int | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        rot = cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim
-        _check_tokens(positions, query, key, head_size)
-        kernel(positions, query, key, head_size, cos_sin_cache, is_neox_style, rot)
-        return query, key
+# Each (token, head) is rotated on its own: results never depend on the batch.
+@VLLM_C.impl("rotary_embedding", supports=supports, inplace=True, batch_invariant=True)
+def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style, rotary_dim=None):
+    rot = cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim
+    _check_tokens(positions, query, key, head_size)
+    _kernel(positions, query, key, head_size, cos_sin_cache, is_neox_style, rot)
+    return query, key
 
 
 def _check_tokens(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int) -> None:

@@ -1,0 +1,300 @@
+"""`Provider`: one registration surface per provider.
+
+A provider states once what all its implementations share (its name, whether its library
+loaded, batch invariance, compile facts...) and then registers each op's kernel in one call::
+
+    from vllm_ir import Provider, Unsupported
+
+    mine = Provider("mine", available=library_status(), batch_invariant=True)
+
+    @mine.impl("rms_norm", supports=lambda x, variance_size: variance_size is None)
+    def rms_norm(x, weight, epsilon, variance_size=None):
+        ...
+
+    # A kernel taking a trailing ``inplace`` parameter serves both forms: ``op(...)`` calls it
+    # with inplace=False (fresh outputs), ``op.maybe_inplace(...)`` with inplace=True.
+    @mine.impl("fused_add_rms_norm", supports=residual_ok)
+    def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None, inplace=False):
+        ...
+
+- ``supports`` may take only the op parameters it reads, by name, in any order: it is adapted
+  once, at registration, into a predicate of the op's parameters (the dispatcher still hands a
+  predicate the call's arguments). A parameter the op lacks is a `RegistrationError` naming the
+  op and the provider, and nothing is registered.
+- ``available`` falsy (an `Unsupported` carrying the reason: "library not installed") marks
+  every implementation the provider registers unsupported with that one reason; the kernel
+  bindings are registered all the same (never called), so ``explain`` and ``providers list``
+  show the reason, and nothing needs an ``if available:`` around the registrations.
+- Kernel-library ops that only write their ``(a!)`` arguments get their fakes from
+  `default_fakes` (they return nothing, so tracing needs no outputs); the IR op's own fake is
+  its declared function (`IrOp.register_fake` overrides it).
+- `import_families` is the family-discovery scan providers share: every public module of a
+  package is imported in name order, so adding an op family is adding a file.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from types import ModuleType
+from typing import Any, TypeVar
+
+import torch
+
+from vllm_ir.errors import RegistrationError
+from vllm_ir.ir import dispatch as _dispatch
+from vllm_ir.ir import registry
+from vllm_ir.ir.impl import IrOpImpl, Unsupported
+from vllm_ir.ir.op import IrOp
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Options a provider may set for all its implementations, and each `Provider.impl` for its own.
+OPTIONS = ("batch_invariant", "exact", "cacheable", "compile_facts", "lowerable")
+#: The trailing kernel parameter that makes one binding serve both kernel forms.
+INPLACE = "inplace"
+
+
+class Provider:
+    """A provider's implementations, registered through one object (see the module docstring).
+
+    :param name: the provider name in priority lists (``[a-z_][a-z0-9_]*``).
+    :param available: True, or falsy (an `Unsupported` reason) when the provider's library or
+        device is missing here: every implementation it registers is then unsupported with it.
+    :param defaults: options shared by every implementation (``batch_invariant``, ``exact``,
+        ``cacheable``, ``compile_facts``, ``lowerable``); `impl` may override each.
+    """
+
+    def __init__(self, name: str, *, available: bool | Unsupported = True, **defaults: Any):
+        _check_options(defaults, f"Provider({name!r})")
+        self.name = name
+        self.available = available
+        self.defaults = defaults
+        #: Every implementation registered through this object, by op name.
+        self.impls: dict[str, IrOpImpl] = {}
+
+    @property
+    def available(self) -> bool | Unsupported:
+        return self._available
+
+    @available.setter
+    def available(self, value: bool | Unsupported) -> None:
+        if not isinstance(value, (bool, Unsupported)):
+            raise RegistrationError(
+                f"provider {self.name!r}: available must be a bool or vllm_ir.Unsupported, got {type(value).__name__}",
+                provider=self.name,
+            )
+        self._available = value
+
+    @property
+    def reason(self) -> str | None:
+        """Why the provider cannot run here (None when it can)."""
+        if self._available:
+            return None
+        return self._available.reason if isinstance(self._available, Unsupported) else "unavailable"
+
+    def impl(
+        self,
+        op: str | IrOp,
+        *,
+        supports: Callable[..., bool | Unsupported] | None = None,
+        inplace: bool = False,
+        supported: bool | Unsupported = True,
+        **options: Any,
+    ) -> Callable[[F], F]:
+        """Register the decorated kernel binding as this provider's implementation of ``op``.
+
+        :param supports: per-call predicate over any of the op's parameters (by name).
+        :param inplace: the kernel overwrites the activations and returns them (in-place form
+            only). A kernel whose last parameter is ``inplace=False`` serves both forms instead.
+        :param supported: this one implementation cannot run here (e.g. an old library build);
+            the provider's own ``available`` reason wins over it.
+        :param options: ``batch_invariant``, ``exact``, ``cacheable``, ``compile_facts``,
+            ``lowerable``, over the provider's defaults.
+        """
+
+        def decorator(fn: F) -> F:
+            self.register(op, fn, supports=supports, inplace=inplace, supported=supported, **options)
+            return fn
+
+        return decorator
+
+    def register(
+        self,
+        op: str | IrOp,
+        fn: Callable[..., Any],
+        *,
+        supports: Callable[..., bool | Unsupported] | None = None,
+        inplace: bool = False,
+        supported: bool | Unsupported = True,
+        **options: Any,
+    ) -> IrOpImpl:
+        """`impl` without the decorator: register ``fn`` for ``op`` and return the implementation."""
+        ir_op = op if isinstance(op, IrOp) else registry.get_op(op)
+        _check_options(options, f"op {ir_op.name!r}, provider {self.name!r}")
+        merged = {**self.defaults, **options}
+        functional, in_place = _kernel_forms(ir_op, self.name, fn, inplace)
+        impl = IrOpImpl(
+            ir_op.name,
+            self.name,
+            functional if functional is not None else in_place,
+            supported=self._available if not self._available else supported,
+            supports_args=None if supports is None else adapt_predicate(ir_op, self.name, supports),
+            inplace=functional is None,
+            inplace_fn=in_place if functional is not None else None,
+            **merged,
+        )
+        impl = ir_op.add_impl(impl)
+        self.impls[ir_op.name] = impl
+        return impl
+
+    def __repr__(self) -> str:
+        state = "available" if self._available else f"unavailable: {self.reason}"
+        return f"Provider({self.name!r}, {state}, {len(self.impls)} implementations)"
+
+
+def _check_options(options: Mapping[str, Any], who: str) -> None:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise RegistrationError(f"{who}: unknown option(s) {', '.join(unknown)} (known: {', '.join(OPTIONS)})")
+
+
+def _kernel_forms(
+    op: IrOp, provider: str, fn: Callable[..., Any], inplace: bool
+) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+    """(functional kernel, in-place kernel) of a binding; a trailing ``inplace`` parameter gives both."""
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError, ValueError) as exc:
+        raise RegistrationError(
+            f"op {op.name!r}, provider {provider!r}: cannot read the kernel's signature: {exc}",
+            op=op.name,
+            provider=provider,
+        ) from exc
+    params = list(sig.parameters.values())
+    if not params or params[-1].name != INPLACE or INPLACE in op.signature.parameters:
+        return (None, fn) if inplace else (fn, None)
+    last = params[-1]
+    if inplace:
+        raise RegistrationError(
+            f"op {op.name!r}, provider {provider!r}: a kernel taking an 'inplace' parameter serves both forms; "
+            "do not also pass inplace=True",
+            op=op.name,
+            provider=provider,
+        )
+    if last.default is not False or last.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        raise RegistrationError(
+            f"op {op.name!r}, provider {provider!r}: the kernel's 'inplace' parameter must be a plain "
+            "trailing parameter defaulting to False",
+            op=op.name,
+            provider=provider,
+        )
+    if not op.allow_inplace:
+        raise RegistrationError(
+            f"op {op.name!r}, provider {provider!r}: the kernel takes 'inplace' (both forms), but the op is "
+            "not declared with allow_inplace=True",
+            op=op.name,
+            provider=provider,
+        )
+    stripped = sig.replace(parameters=params[:-1])  # the op's parameters
+    return _form(fn, op, stripped, False), _form(fn, op, stripped, True)
+
+
+def _form(fn: Callable[..., Any], op: IrOp, sig: inspect.Signature, inplace: bool) -> functools.partial:
+    """One kernel form of a binding taking ``inplace``: a partial (no extra Python frame per call;
+    tracing reads its signature), named after the binding."""
+    form = functools.partial(fn, inplace=inplace)
+    form.__signature__ = sig  # type: ignore[attr-defined]
+    form.__module__ = getattr(fn, "__module__", None)  # type: ignore[attr-defined]
+    name = getattr(fn, "__qualname__", op.name) + ("[inplace]" if inplace else "")
+    form.__qualname__ = form.__name__ = name  # type: ignore[attr-defined]
+    return form
+
+
+def adapt_predicate(op: IrOp, provider: str, pred: Callable[..., Any]) -> Callable[..., Any]:
+    """``pred`` as a predicate of all of ``op``'s parameters (built once; returned as is when it
+    already takes them). It may declare any of the op's parameters by name, in any order."""
+    if not callable(pred):
+        raise RegistrationError(
+            f"op {op.name!r}, provider {provider!r}: supports must be callable, got {type(pred).__name__}",
+            op=op.name,
+            provider=provider,
+        )
+    from vllm_ir.ir import signature
+
+    sig = signature.check_parameters(pred, op=op.name, provider=provider, what="supports")
+    names = list(sig.parameters)
+    op_params = op.signature.parameters
+    unknown = [n for n in names if n not in op_params]
+    if unknown:
+        raise RegistrationError(
+            f"op {op.name!r}, provider {provider!r}: supports takes {', '.join(map(repr, unknown))}, which the op "
+            f"does not have (op parameters: {', '.join(op_params)})",
+            op=op.name,
+            provider=provider,
+        )
+    for p in sig.parameters.values():
+        want = op_params[p.name].default
+        if p.default is not inspect.Parameter.empty and p.default != want:
+            raise RegistrationError(
+                f"op {op.name!r}, provider {provider!r}: supports gives {p.name!r} the default {p.default!r}, "
+                f"the op {'none' if want is inspect.Parameter.empty else repr(want)}",
+                op=op.name,
+                provider=provider,
+            )
+    if [(p.name, p.default) for p in sig.parameters.values()] == [(p.name, p.default) for p in op_params.values()]:
+        return pred
+    env: dict[str, Any] = {}
+    params = _dispatch.parameter_list(op.signature, env)
+    name = getattr(pred, "__name__", "supports")
+    if not name.isidentifier():
+        name = "supports"
+    source = (
+        f"def _adapt(_pred):\n    def {name}({params}):\n        return _pred({', '.join(names)})\n    return {name}\n"
+    )
+    namespace = dict(env)
+    exec(compile(source, f"<vllm_ir.ops.{op.name}.supports.{provider}>", "exec"), namespace)
+    adapted = namespace["_adapt"](pred)
+    adapted.__qualname__ = getattr(pred, "__qualname__", name)
+    adapted.__doc__ = getattr(pred, "__doc__", None)
+    return adapted
+
+
+def default_fakes(namespace: str) -> list[str]:
+    """Give every op of the torch library ``namespace`` that returns nothing (it only writes its
+    ``(a!)`` arguments) and has no fake yet a fake that returns None; the names given fakes."""
+    prefix = f"{namespace}::"
+    done = []
+    for qualname in sorted(set(torch._C._dispatch_get_all_op_names())):
+        if not qualname.startswith(prefix):
+            continue
+        schemas = [s for s in torch._C._jit_get_schemas_for_operator(qualname) if s.overload_name == ""]
+        if not schemas or schemas[0].returns:
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "Meta"):
+            continue
+        try:
+            torch.library.register_fake(qualname)(_no_result)
+        except RuntimeError:  # a fake was registered already
+            continue
+        done.append(qualname)
+    return done
+
+
+def _no_result(*args: object, **kwargs: object) -> None:
+    return None
+
+
+def import_families(
+    package: str, path: Iterable[str], skip: Callable[[str], bool] | None = None
+) -> tuple[ModuleType, ...]:
+    """Import every public module (no leading underscore) of ``package`` at ``path`` in name order."""
+    modules = []
+    for name in sorted(m.name for m in pkgutil.iter_modules(list(path))):
+        if name.startswith("_") or (skip is not None and skip(name)):
+            continue
+        modules.append(importlib.import_module(f"{package}.{name}"))
+    return tuple(modules)
