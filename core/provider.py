@@ -35,11 +35,8 @@ loaded, batch invariance, compile facts...) and then registers each op's kernel 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
-import pkgutil
-from collections.abc import Callable, Iterable, Mapping
-from types import ModuleType
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -47,8 +44,11 @@ import torch
 from vllm_ir.errors import RegistrationError
 from vllm_ir.ir import dispatch as _dispatch
 from vllm_ir.ir import registry
+from vllm_ir.ir.families import import_families
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
 from vllm_ir.ir.op import IrOp
+
+__all__ = ["INPLACE", "OPTIONS", "Provider", "adapt_predicate", "default_fakes", "import_families"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -286,15 +286,3 @@ def default_fakes(namespace: str) -> list[str]:
 
 def _no_result(*args: object, **kwargs: object) -> None:
     return None
-
-
-def import_families(
-    package: str, path: Iterable[str], skip: Callable[[str], bool] | None = None
-) -> tuple[ModuleType, ...]:
-    """Import every public module (no leading underscore) of ``package`` at ``path`` in name order."""
-    modules = []
-    for name in sorted(m.name for m in pkgutil.iter_modules(list(path))):
-        if name.startswith("_") or (skip is not None and skip(name)):
-            continue
-        modules.append(importlib.import_module(f"{package}.{name}"))
-    return tuple(modules)

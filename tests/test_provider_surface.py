@@ -229,6 +229,15 @@ def test_import_families_imports_public_modules_in_order(tmp_path, monkeypatch):
     assert [m.NAME for m in modules] == ["a_family", "b_family"]
 
 
+def test_the_op_declarations_are_found_by_the_same_scan():
+    from vllm_ir.ir import declarations, families
+
+    assert import_families is families.import_families  # one scan, re-exported for providers
+    names = [m.__name__.rpartition(".")[2] for m in declarations.FAMILIES]
+    assert names == sorted(names) and {"activation", "layernorm", "quant"} <= set(names)
+    assert {op.fn.__module__ for op in vllm_ir.ops} <= {m.__name__ for m in declarations.FAMILIES}
+
+
 def test_vllm_c_registers_through_the_surface():
     pytest.importorskip("vllm_ir_provider_vllm_c")
     from vllm_ir_provider_vllm_c._extension import VLLM_C
