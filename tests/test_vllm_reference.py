@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import torch
 
 from tests.test_vllm_bridge import BUILD, sh
 
@@ -54,6 +55,9 @@ class Documented(NamedTuple):
     dtypes: tuple[str, ...]  # the dtypes (as labelled: float32, bfloat16, float16) it may differ in
     outputs: tuple[int, ...]  # the outputs that may differ (the others must match)
     reason: str
+    #: The ATen CPU capabilities (torch.backends.cpu.get_cpu_capability()) where the difference is
+    #: known to show, for one that comes from ATen's vector math; empty: on every capability.
+    capabilities: tuple[str, ...] = ()
 
 
 #: (op, provider) -> where and why its output may differ from vLLM's function (none of vLLM's IR
@@ -92,7 +96,9 @@ DOCUMENTED: dict[tuple[str, str], Documented] = {
         (0,),
         "open: fp32 rows of 17 interleaved pairs, where ATen's strided loops take their scalar exp and the "
         "interleaved kernel its vector one: 1 fp32 ulp on 2-3 of 85 elements; every other width and dtype "
-        "matches." + NOT_A_VLLM_IR_OP,
+        "matches. AVX-512 only: with AVX2's vector exp (a CI machine without AVX-512) every element matches."
+        + NOT_A_VLLM_IR_OP,
+        capabilities=("AVX512",),
     ),
 }
 #: (op, input variant) -> why vllm-ir computes a call vLLM's function refuses.
@@ -463,7 +469,10 @@ def test_documented_differences_and_extensions_are_real(comparison):
     """An entry whose op now matches vLLM everywhere must go."""
     rows = comparison["results"]
     assert not {op for op, _ in DOCUMENTED} & set(VLLM_IR_OPS), "vLLM's IR ops must match, not be documented"
+    capability = torch.backends.cpu.get_cpu_capability()
     for (op, provider), entry in DOCUMENTED.items():
+        if entry.capabilities and capability not in entry.capabilities:
+            continue  # allowed here, but not expected: ATen's vector math differs per capability
         assert any(r[0] == op and r[1] == provider and r[3] == "differs" for r in rows), (
             f"{op} on {provider} matches vLLM now: drop {entry.reason!r}"
         )
