@@ -47,6 +47,11 @@ def providers():
     return _WRAPPERS
 
 
+def supports(op_name: str, provider: str, *args):
+    """The provider's registered predicate called with the op's arguments, as the dispatcher calls it."""
+    return vllm_ir.ops.__getattr__(op_name).impls[provider].supports_args(*args)
+
+
 AITER_OPS = ["fused_add_rms_norm", "gelu_and_mul", "gelu_fast", "rms_norm", "silu_and_mul", "static_quant_fp8"]
 XPU_OPS = [
     *("dynamic_group_quant_fp8", "dynamic_quant_fp8", "fatrelu_and_mul", "fused_add_rms_norm", "gelu_and_mul"),
@@ -115,14 +120,11 @@ def test_aiter_accepts(providers, make):
 
 
 def test_predicates_decline_cpu_tensors(providers):
-    aiter_provider, xpu_provider = providers
     x, w = torch.randn(4, 64, dtype=BF16), torch.ones(64, dtype=BF16)
-    assert aiter_provider.rms_norm_supports(x, w, 1e-6).reason == "tensors are on cpu; AITER runs on ROCm GPUs"
-    assert xpu_provider.rms_norm_supports(x, w, 1e-6).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    assert supports("rms_norm", "aiter", x, w, 1e-6).reason == "tensors are on cpu; AITER runs on ROCm GPUs"
+    assert supports("rms_norm", "xpu_kernels", x, w, 1e-6).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
     r = torch.randn(4, 64, dtype=torch.float16)
-    assert (
-        "residual must be contiguous with x's dtype" in aiter_provider.fused_add_rms_norm_supports(x, r, w, 1e-6).reason
-    )
+    assert "residual must be contiguous with x's dtype" in supports("fused_add_rms_norm", "aiter", x, r, w, 1e-6).reason
 
 
 @pytest.mark.parametrize(
@@ -305,12 +307,12 @@ def test_aiter_activation_rules_accept_and_predicates_decline_cpu(aiter_act):
     assert aiter_act.gelu_fast_rules(torch.randn(2, 3, 8, dtype=BF16)) is True
     x = torch.randn(4, 64, dtype=BF16)
     for verdict in (
-        aiter_act.silu_and_mul_supports(x),
-        aiter_act.gelu_and_mul_supports(x, "tanh"),
-        aiter_act.gelu_fast_supports(x),
+        supports("silu_and_mul", "aiter", x),
+        supports("gelu_and_mul", "aiter", x, "tanh"),
+        supports("gelu_fast", "aiter", x),
     ):
         assert verdict.reason == "tensors are on cpu; AITER runs on ROCm GPUs"
-    verdict = aiter_act.gelu_and_mul_supports(x, "erf")
+    verdict = supports("gelu_and_mul", "aiter", x, "erf")
     assert "approximate='erf' is neither 'none' nor 'tanh'" in verdict.reason
     with pytest.raises(ValueError, match=r"gelu_and_mul \(provider aiter\): approximate must be"):
         vllm_ir.ops.gelu_and_mul.impls["aiter"].fn(x, "erf")
@@ -354,10 +356,10 @@ def test_aiter_gelu_fast_declines_when_this_aiter_lacks_it(aiter_double, aiter_a
     monkeypatch.setattr(aiter_act, "_on_gpu", lambda x: True)  # stand in for a ROCm tensor
     aiter_act.ops.has_function.cache_clear()
     x = torch.randn(4, 64, dtype=BF16)
-    assert aiter_act.gelu_fast_supports(x) is True
+    assert supports("gelu_fast", "aiter", x) is True
     monkeypatch.delattr(aiter_double, "gelu_fast")
     aiter_act.ops.has_function.cache_clear()
-    assert aiter_act.gelu_fast_supports(x).reason == "this AITER has no gelu_fast (a later addition): upgrade AITER"
+    assert supports("gelu_fast", "aiter", x).reason == "this AITER has no gelu_fast (a later addition): upgrade AITER"
     aiter_act.ops.has_function.cache_clear()
 
 
@@ -390,8 +392,8 @@ def test_xpu_activation_declines_with_reason(xpu_act, x, gated, reason):
 def test_xpu_activation_predicates_decline_cpu_and_unknown_approximation(xpu_act):
     x = torch.randn(4, 64, dtype=BF16)
     assert xpu_act.rules(torch.randn(2, 3, 7, dtype=F16), gated=False) is True
-    assert xpu_act.relu2_supports(x).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
-    assert "approximate='erf'" in xpu_act.gelu_and_mul_supports(x, "erf").reason
+    assert supports("relu2", "xpu_kernels", x).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    assert "approximate='erf'" in supports("gelu_and_mul", "xpu_kernels", x, "erf").reason
 
 
 XPU_CASES = [
@@ -462,8 +464,8 @@ def test_xpu_activation_uses_old_names_and_declines_missing_functions(xpu_double
     monkeypatch.setattr(xpu_act, "_on_xpu", lambda x: True)  # stand in for an XPU tensor
     x = torch.randn(2, 16)
     assert xpu_act.vendor_name("relu2") == "relu2_no_mul"
-    assert xpu_act.relu2_supports(x) is True
-    verdict = xpu_act.swigluoai_and_mul_supports(x)
+    assert supports("relu2", "xpu_kernels", x) is True
+    verdict = supports("swigluoai_and_mul", "xpu_kernels", x)
     assert verdict.reason == "the installed vllm-xpu-kernels has no swigluoai_and_mul: upgrade it"
     torch.testing.assert_close(vllm_ir.ops.relu2.impls["xpu_kernels"].fn(x), vllm_ir.ops.relu2.fn(x))
 
@@ -514,13 +516,16 @@ def test_aiter_static_quant_accepts_and_declines_cpu_and_other_gpu_fp8(aiter_dou
     x = torch.randn(2, 3, 64, dtype=F16)
     assert aiter_quant.static_rules(x, torch.ones(1), E4M3, None) is True
     assert aiter_quant.static_rules(x, torch.tensor(0.5), E4M3, None) is True  # 0-d scale
-    assert aiter_quant.static_supports(x, torch.ones(1), E4M3).reason == "tensors are on cpu; AITER runs on ROCm GPUs"
+    assert (
+        supports("static_quant_fp8", "aiter", x, torch.ones(1), E4M3).reason
+        == "tensors are on cpu; AITER runs on ROCm GPUs"
+    )
     monkeypatch.setattr(aiter_quant, "_on_gpu", lambda x: True)  # stand in for a ROCm tensor
     aiter_quant.ops.fp8_dtype.cache_clear()
-    assert aiter_quant.static_supports(x, torch.ones(1), E4M3) is True
+    assert supports("static_quant_fp8", "aiter", x, torch.ones(1), E4M3) is True
     monkeypatch.setattr(aiter_double.dtypes, "fp8", FNUZ)  # a gfx942
     aiter_quant.ops.fp8_dtype.cache_clear()
-    verdict = aiter_quant.static_supports(x, torch.ones(1), E4M3)
+    verdict = supports("static_quant_fp8", "aiter", x, torch.ones(1), E4M3)
     assert verdict.reason == "AITER on this GPU quantizes to torch.float8_e4m3fnuz, not torch.float8_e4m3fn"
     aiter_quant.ops.fp8_dtype.cache_clear()
     assert set(vllm_ir.ops_implemented_by("aiter")) >= {"static_quant_fp8"}
@@ -577,13 +582,16 @@ def test_xpu_quant_declines_with_reason(xpu_quant, rules, args, reason):
 
 def test_xpu_quant_predicates_decline_cpu_and_old_static_without_group_shape(xpu_double, xpu_quant, monkeypatch):
     x = torch.randn(4, 64)
-    assert xpu_quant.dynamic_supports(x, True, E4M3).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    assert (
+        supports("dynamic_quant_fp8", "xpu_kernels", x, True, E4M3).reason
+        == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    )
     monkeypatch.setattr(xpu_quant, "_on_xpu", lambda x: True)  # stand in for an XPU tensor
-    assert xpu_quant.static_supports(x, torch.ones(1, 64), E4M3) is True
-    assert "ambiguous: native refuses it" in xpu_quant.static_supports(x, torch.ones(64), E4M3).reason
+    assert supports("static_quant_fp8", "xpu_kernels", x, torch.ones(1, 64), E4M3) is True
+    assert "ambiguous: native refuses it" in supports("static_quant_fp8", "xpu_kernels", x, torch.ones(64), E4M3).reason
     monkeypatch.setattr(xpu_quant, "_has_group_shape", lambda: False)  # a release before group_shape
-    assert xpu_quant.static_supports(x, torch.ones(1), E4M3) is True  # one scale needs no group_shape
-    verdict = xpu_quant.static_supports(x, torch.ones(1, 64), E4M3)
+    assert supports("static_quant_fp8", "xpu_kernels", x, torch.ones(1), E4M3) is True  # one scale needs no group_shape
+    verdict = supports("static_quant_fp8", "xpu_kernels", x, torch.ones(1, 64), E4M3)
     assert "has no group_shape (one scale only): upgrade it" in verdict.reason
 
 
@@ -693,7 +701,9 @@ def test_xpu_rotary_rotates_in_place_through_views(xpu_double, variant):
 def test_xpu_rotary_functional_call_leaves_inputs_and_predicate_declines_cpu(xpu_double, xpu_rotary):
     op = vllm_ir.ops.rotary_embedding
     args = op.generate_inputs((4, 128), F16)
-    assert xpu_rotary.rotary_embedding_supports(*args).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    assert (
+        supports("rotary_embedding", "xpu_kernels", *args).reason == "tensors are on cpu; vllm-xpu-kernels runs on XPU"
+    )
     assert op.impls["xpu_kernels"].inplace
     with pytest.raises(ValueError, match=r"rotary_embedding \(provider xpu_kernels\): query is not"):
         op.impls["xpu_kernels"].fn(args[0], args[1][:, ::2], None, 32, args[4][:, :32].contiguous(), True)

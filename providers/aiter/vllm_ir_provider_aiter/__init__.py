@@ -1,5 +1,7 @@
 """Provider ``aiter``: AMD AITER's RMSNorm, activation and FP8 quant kernels behind ``vllm_ir_aiter``
-custom ops (ROCm only; the activations are registered by ``activation.py``, quantization by ``quant.py``).
+custom ops (ROCm only). Every op registers through `AITER` (a `vllm_ir.Provider`): the norms here, the
+activations in ``activation.py``, quantization in ``quant.py`` (every public module but ``ops.py``,
+the custom ops, is imported).
 
 Loading this module never imports AITER: availability is decided from torch's build, the
 visible GPU and whether the ``aiter`` package can be found, and the vendor module is
@@ -14,6 +16,8 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir import Provider
+from vllm_ir.provider import import_families
 from vllm_ir_provider_aiter import ops
 
 __version__ = "0.1.0"
@@ -60,30 +64,30 @@ def _on_gpu(x: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     return _on_gpu(x) and rules(x, weight, variance_size)
 
 
 def fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-):
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
+) -> bool | vllm_ir.Unsupported:
     if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
-    return _on_gpu(x) and rules(x, weight, variance_size)
+    return rms_norm_supports(x, weight, variance_size)
 
 
 SUPPORTED = availability()
+#: The registration surface of every family: unavailable with `availability`'s reason.
+AITER = Provider(PROVIDER, available=SUPPORTED)
 
 
-@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=rms_norm_supports)
-def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+@AITER.impl("rms_norm", supports=rms_norm_supports)
+def rms_norm(x, weight, epsilon, variance_size=None):
     return torch.ops.vllm_ir_aiter.rms_norm(x, weight, epsilon)
 
 
-@vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=fused_add_rms_norm_supports)
-def fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> tuple[Tensor, Tensor]:
+@AITER.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports)
+def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     return torch.ops.vllm_ir_aiter.fused_add_rms_norm(x, x_residual, weight, epsilon)
 
 
@@ -96,7 +100,7 @@ def vllm_ir_default_priority(platform, mode):
     return None
 
 
-# Each family module registers its implementations (they need the above).
-from vllm_ir_provider_aiter import activation, quant  # noqa: E402
+#: The op family modules (every public module of this package), each registered through `AITER`.
+FAMILIES = import_families(__name__, __path__, skip=lambda name: name == "ops")
 
 __all__ = ["activation", "ops", "quant"]

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_aiter import PROVIDER, SUPPORTED, _on_gpu, ops
+from vllm_ir_provider_aiter import AITER, _on_gpu, ops
 
 GATED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _GELU_FUNCTIONS = {"none": "gelu_and_mul", "tanh": "gelu_tanh_and_mul"}
@@ -62,11 +62,7 @@ def gelu_fast_rules(x: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def silu_and_mul_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    return _on_gpu(x) and gated_rules(x)
-
-
-def gelu_and_mul_supports(x: Tensor, approximate: str = "none") -> bool | vllm_ir.Unsupported:
+def gelu_and_mul_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
     if approximate not in _GELU_FUNCTIONS:
         return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
     return _on_gpu(x) and gated_rules(x)
@@ -79,19 +75,19 @@ def gelu_fast_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
     return verdict
 
 
-@vllm_ir.ops.silu_and_mul.register_impl(PROVIDER, supported=SUPPORTED, supports_args=silu_and_mul_supports)
-def silu_and_mul(x: Tensor) -> Tensor:
+@AITER.impl("silu_and_mul", supports=lambda x: _on_gpu(x) and gated_rules(x))
+def silu_and_mul(x):
     return torch.ops.vllm_ir_aiter.act_and_mul(x, "silu_and_mul")
 
 
-@vllm_ir.ops.gelu_and_mul.register_impl(PROVIDER, supported=SUPPORTED, supports_args=gelu_and_mul_supports)
-def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+@AITER.impl("gelu_and_mul", supports=gelu_and_mul_supports)
+def gelu_and_mul(x, approximate="none"):
     function = _GELU_FUNCTIONS.get(approximate)
     if function is None:
         raise ValueError(f"gelu_and_mul (provider aiter): approximate must be 'none' or 'tanh', not {approximate!r}")
     return torch.ops.vllm_ir_aiter.act_and_mul(x, function)
 
 
-@vllm_ir.ops.gelu_fast.register_impl(PROVIDER, supported=SUPPORTED, supports_args=gelu_fast_supports)
-def gelu_fast(x: Tensor) -> Tensor:
+@AITER.impl("gelu_fast", supports=gelu_fast_supports)
+def gelu_fast(x):
     return torch.ops.vllm_ir_aiter.gelu_fast(x)

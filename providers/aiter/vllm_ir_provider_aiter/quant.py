@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_aiter import PROVIDER, SUPPORTED, _on_gpu, ops
+from vllm_ir_provider_aiter import AITER, _on_gpu, ops
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -59,7 +59,7 @@ def static_rules(
 
 
 def static_supports(
-    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
+    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
 ) -> bool | vllm_ir.Unsupported:
     verdict = _on_gpu(x) and static_rules(x, scale, fp8_dtype, num_token_padding)
     if verdict and ops.fp8_dtype() != fp8_dtype:
@@ -67,8 +67,8 @@ def static_supports(
     return verdict
 
 
-@vllm_ir.ops.static_quant_fp8.register_impl(PROVIDER, supported=SUPPORTED, supports_args=static_supports)
-def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
+@AITER.impl("static_quant_fp8", supports=static_supports)
+def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     if scale.numel() != 1:
         raise ValueError(
             f"static_quant_fp8 (provider aiter): AITER takes one per-tensor scale, got shape {list(scale.shape)}"
