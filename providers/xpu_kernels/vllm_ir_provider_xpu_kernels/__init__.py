@@ -1,8 +1,9 @@
 """Provider ``xpu_kernels``: Intel's vllm-xpu-kernels RMSNorm, activations, FP8 quantization and
 rotary embedding (SYCL) on XPU devices.
 
-The activations are registered by ``activation.py``, the FP8 quant ops by ``quant.py``,
-``rotary_embedding`` by ``rotary.py``.
+Every op registers through `XPU` (a `vllm_ir.Provider`): the norms here, the activations in
+``activation.py``, the FP8 quant ops in ``quant.py``, ``rotary_embedding`` in ``rotary.py``
+(every public module of the package is imported).
 
 ``import vllm_xpu_kernels._C`` registers ``torch.ops._C.rms_norm(out, input, weight, eps)``
 and ``torch.ops._C.fused_add_rms_norm(input, residual, weight, eps)`` (in place); they are
@@ -19,6 +20,8 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir import Provider
+from vllm_ir.provider import import_families
 
 __version__ = "0.1.0"
 PROVIDER = "xpu_kernels"
@@ -70,34 +73,32 @@ def _on_xpu(x: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     return _on_xpu(x) and rules(x, weight, variance_size)
 
 
 def fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-):
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
+) -> bool | vllm_ir.Unsupported:
     if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
-    return _on_xpu(x) and rules(x, weight, variance_size)
+    return rms_norm_supports(x, weight, variance_size)
 
 
 SUPPORTED = availability()
+#: The registration surface of every family: unavailable with `availability`'s reason.
+XPU = Provider(PROVIDER, available=SUPPORTED)
 
 
-@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=rms_norm_supports)
-def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+@XPU.impl("rms_norm", supports=rms_norm_supports)
+def rms_norm(x, weight, epsilon, variance_size=None):
     out = torch.empty_like(x)
     _vendor_ops().rms_norm(out, x, _weight(x, weight), epsilon)
     return out
 
 
-@vllm_ir.ops.fused_add_rms_norm.register_impl(
-    PROVIDER, supported=SUPPORTED, supports_args=fused_add_rms_norm_supports, inplace=True
-)
-def fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> tuple[Tensor, Tensor]:
+@XPU.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports, inplace=True)
+def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     _vendor_ops().fused_add_rms_norm(x, x_residual, _weight(x, weight), epsilon)
     return x, x_residual
 
@@ -110,7 +111,7 @@ def vllm_ir_default_priority(platform, mode):
     return None
 
 
-# Each family module registers its implementations (they need the above).
-from vllm_ir_provider_xpu_kernels import activation, quant, rotary  # noqa: E402
+#: The op family modules (every public module of this package), each registered through `XPU`.
+FAMILIES = import_families(__name__, __path__)
 
 __all__ = ["activation", "quant", "rotary"]

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_xpu_kernels import PROVIDER, SUPPORTED, _on_xpu, _vendor_ops
+from vllm_ir_provider_xpu_kernels import XPU, _on_xpu, _vendor_ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Vendor function -> whether it is gated ([..., 2d] -> [..., d]).
@@ -135,63 +135,18 @@ def _supports(x: Tensor, function: str) -> bool | vllm_ir.Unsupported:
     return verdict
 
 
-def silu_and_mul_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    return _supports(x, "silu_and_mul")
+def _call(x: Tensor, function: str, *params: float) -> Tensor:
+    return torch.ops.vllm_ir_xpu_kernels.activation(x, function, [float(p) for p in params])
 
 
-def mul_and_silu_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    return _supports(x, "mul_and_silu")
-
-
-def gelu_and_mul_supports(x: Tensor, approximate: str = "none") -> bool | vllm_ir.Unsupported:
+def gelu_and_mul_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
     if approximate not in ("none", "tanh"):
         return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
     return _supports(x, "gelu_and_mul" if approximate == "none" else "gelu_tanh_and_mul")
 
 
-def fatrelu_and_mul_supports(x: Tensor, threshold: float = 0.0) -> bool | vllm_ir.Unsupported:
-    return _supports(x, "fatrelu_and_mul")
-
-
-def swigluoai_and_mul_supports(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> bool | vllm_ir.Unsupported:
-    return _supports(x, "swigluoai_and_mul")
-
-
-def gelu_new_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    return _supports(x, "gelu_new")
-
-
-def gelu_fast_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    return _supports(x, "gelu_fast")
-
-
-def quick_gelu_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    return _supports(x, "gelu_quick")
-
-
-def relu2_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    return _supports(x, "relu2")
-
-
-def _call(x: Tensor, function: str, *params: float) -> Tensor:
-    return torch.ops.vllm_ir_xpu_kernels.activation(x, function, [float(p) for p in params])
-
-
-_register = {"provider": PROVIDER, "supported": SUPPORTED}
-
-
-@vllm_ir.ops.silu_and_mul.register_impl(**_register, supports_args=silu_and_mul_supports)
-def silu_and_mul(x: Tensor) -> Tensor:
-    return _call(x, "silu_and_mul")
-
-
-@vllm_ir.ops.mul_and_silu.register_impl(**_register, supports_args=mul_and_silu_supports)
-def mul_and_silu(x: Tensor) -> Tensor:
-    return _call(x, "mul_and_silu")
-
-
-@vllm_ir.ops.gelu_and_mul.register_impl(**_register, supports_args=gelu_and_mul_supports)
-def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+@XPU.impl("gelu_and_mul", supports=gelu_and_mul_supports)
+def gelu_and_mul(x, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise ValueError(
             f"gelu_and_mul (provider xpu_kernels): approximate must be 'none' or 'tanh', not {approximate!r}"
@@ -199,31 +154,32 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     return _call(x, "gelu_and_mul" if approximate == "none" else "gelu_tanh_and_mul")
 
 
-@vllm_ir.ops.fatrelu_and_mul.register_impl(**_register, supports_args=fatrelu_and_mul_supports)
-def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
+@XPU.impl("fatrelu_and_mul", supports=lambda x: _supports(x, "fatrelu_and_mul"))
+def fatrelu_and_mul(x, threshold=0.0):
     return _call(x, "fatrelu_and_mul", as_dtype(threshold, x.dtype))
 
 
-@vllm_ir.ops.swigluoai_and_mul.register_impl(**_register, supports_args=swigluoai_and_mul_supports)
-def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+@XPU.impl("swigluoai_and_mul", supports=lambda x: _supports(x, "swigluoai_and_mul"))
+def swigluoai_and_mul(x, alpha=1.702, limit=7.0):
     return _call(x, "swigluoai_and_mul", alpha, limit)
 
 
-@vllm_ir.ops.gelu_new.register_impl(**_register, supports_args=gelu_new_supports)
-def gelu_new(x: Tensor) -> Tensor:
-    return _call(x, "gelu_new")
+def _register(op: str, function: str) -> None:
+    """An op of x alone: ``function`` into a fresh out, declined where this release lacks it."""
+
+    def impl(x):
+        return _call(x, function)
+
+    impl.__name__ = impl.__qualname__ = op
+    XPU.register(op, impl, supports=lambda x: _supports(x, function))
 
 
-@vllm_ir.ops.gelu_fast.register_impl(**_register, supports_args=gelu_fast_supports)
-def gelu_fast(x: Tensor) -> Tensor:
-    return _call(x, "gelu_fast")
-
-
-@vllm_ir.ops.quick_gelu.register_impl(**_register, supports_args=quick_gelu_supports)
-def quick_gelu(x: Tensor) -> Tensor:
-    return _call(x, "gelu_quick")
-
-
-@vllm_ir.ops.relu2.register_impl(**_register, supports_args=relu2_supports)
-def relu2(x: Tensor) -> Tensor:
-    return _call(x, "relu2")
+for _op, _function in (
+    ("silu_and_mul", "silu_and_mul"),
+    ("mul_and_silu", "mul_and_silu"),
+    ("gelu_new", "gelu_new"),
+    ("gelu_fast", "gelu_fast"),
+    ("quick_gelu", "gelu_quick"),
+    ("relu2", "relu2"),
+):
+    _register(_op, _function)

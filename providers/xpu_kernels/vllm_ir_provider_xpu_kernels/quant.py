@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_xpu_kernels import PROVIDER, SUPPORTED, _on_xpu, _vendor_ops
+from vllm_ir_provider_xpu_kernels import XPU, _on_xpu, _vendor_ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_MAX = 448.0
@@ -95,7 +95,7 @@ def static_rules(
 
 
 def static_supports(
-    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
+    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
 ) -> bool | vllm_ir.Unsupported:
     verdict = _on_xpu(x) and static_rules(x, scale, fp8_dtype, num_token_padding)
     if verdict and scale.numel() != 1 and not _has_group_shape():
@@ -124,11 +124,7 @@ def dynamic_rules(
 
 
 def dynamic_supports(
-    x: Tensor,
-    per_token: bool,
-    fp8_dtype: torch.dtype,
-    scale_ub: Tensor | None = None,
-    num_token_padding: int | None = None,
+    x: Tensor, per_token: bool, fp8_dtype: torch.dtype, scale_ub: Tensor | None, num_token_padding: int | None
 ) -> bool | vllm_ir.Unsupported:
     return _on_xpu(x) and dynamic_rules(x, per_token, fp8_dtype, scale_ub, num_token_padding)
 
@@ -150,7 +146,7 @@ def group_rules(x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch
 
 
 def group_supports(
-    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+    x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch.dtype
 ) -> bool | vllm_ir.Unsupported:
     return _on_xpu(x) and group_rules(x, group_size, column_major, fp8_dtype)
 
@@ -165,11 +161,8 @@ def _q(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> tupl
     return q, q
 
 
-_register = {"provider": PROVIDER, "supported": SUPPORTED}
-
-
-@vllm_ir.ops.static_quant_fp8.register_impl(**_register, supports_args=static_supports)
-def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
+@XPU.impl("static_quant_fp8", supports=static_supports)
+def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     q, rows = _q(x, fp8_dtype, num_token_padding)
     if rows.numel() == 0:  # the launch math divides by the row length
         return q
@@ -177,14 +170,8 @@ def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token
     return q
 
 
-@vllm_ir.ops.dynamic_quant_fp8.register_impl(**_register, supports_args=dynamic_supports)
-def dynamic_quant_fp8(
-    x: Tensor,
-    per_token: bool,
-    fp8_dtype: torch.dtype,
-    scale_ub: Tensor | None = None,
-    num_token_padding: int | None = None,
-) -> tuple[Tensor, Tensor]:
+@XPU.impl("dynamic_quant_fp8", supports=dynamic_supports)
+def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
     q, rows = _q(x, fp8_dtype, num_token_padding)
     if per_token:
         scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
@@ -198,10 +185,8 @@ def dynamic_quant_fp8(
     return q, scale
 
 
-@vllm_ir.ops.dynamic_group_quant_fp8.register_impl(**_register, supports_args=group_supports)
-def dynamic_group_quant_fp8(
-    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
+@XPU.impl("dynamic_group_quant_fp8", supports=group_supports)
+def dynamic_group_quant_fp8(x, group_size, column_major, use_ue8m0, fp8_dtype):
     q = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     groups = x.shape[-1] // group_size
     rows = x.numel() // x.shape[-1]

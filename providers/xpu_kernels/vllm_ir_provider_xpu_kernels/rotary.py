@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_xpu_kernels import PROVIDER, SUPPORTED, _on_xpu, _vendor_ops
+from vllm_ir_provider_xpu_kernels import XPU, _on_xpu, _vendor_ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -92,29 +92,13 @@ def rules(
 
 
 def rotary_embedding_supports(
-    positions: Tensor,
-    query: Tensor,
-    key: Tensor | None,
-    head_size: int,
-    cos_sin_cache: Tensor,
-    is_neox_style: bool,
-    rotary_dim: int | None = None,
+    positions, query, key, head_size, cos_sin_cache, rotary_dim
 ) -> bool | vllm_ir.Unsupported:
     return _on_xpu(query) and rules(positions, query, key, head_size, cos_sin_cache, rotary_dim)
 
 
-@vllm_ir.ops.rotary_embedding.register_impl(
-    PROVIDER, supported=SUPPORTED, supports_args=rotary_embedding_supports, inplace=True
-)
-def rotary_embedding(
-    positions: Tensor,
-    query: Tensor,
-    key: Tensor | None,
-    head_size: int,
-    cos_sin_cache: Tensor,
-    is_neox_style: bool,
-    rotary_dim: int | None = None,
-) -> tuple[Tensor, Tensor | None]:
+@XPU.impl("rotary_embedding", supports=rotary_embedding_supports, inplace=True)
+def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style, rotary_dim=None):
     views = _views(positions, query, key, head_size)
     if isinstance(views, vllm_ir.Unsupported):
         raise ValueError(f"rotary_embedding (provider xpu_kernels): {views.reason}")
