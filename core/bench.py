@@ -21,7 +21,11 @@ is flagged. ``vllm-ir tune`` learns only from figures with no flag.
 
 from __future__ import annotations
 
+import colorsys
 import dataclasses
+import datetime
+import glob
+import hashlib
 import json
 import math
 import statistics
@@ -75,6 +79,9 @@ class Result:
     descheduled_rounds: int = 0
     #: Fewer than half of the rounds were clean: the figure includes descheduled rounds.
     descheduled: bool = False
+    #: Bytes one call reads and writes (activations and outputs): the working set that is
+    #: compared with the last-level cache before a figure is put against the copy bandwidth.
+    bytes_moved: int | None = None
 
 
 def case_label(op: str, variant: str) -> str:
@@ -159,6 +166,36 @@ def copy_bandwidth(device: torch.device, mib: int, *, repeats: int = 15, rounds:
     us = measure_rounds({"copy_": lambda: dst.copy_(src)}, device, repeats=repeats, rounds=rounds)["copy_"]
     to_gbps = 2 * n * 4 / 1e3
     return Spread(to_gbps / us.median, to_gbps / us.q3, to_gbps / us.q1, us.rounds)
+
+
+def last_level_cache_bytes(device: torch.device) -> int | None:
+    """Size of the largest cache one core of ``device`` reaches (a GPU's L2; on a CPU the highest
+    level sysfs lists for cpu0, one instance, not the socket's sum), or None where unknown.
+
+    A working set below it is served from cache, so its bandwidth says nothing about memory:
+    the plot puts only larger ones against the copy bandwidth.
+    """
+    if device.type == "cuda":
+        size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        return int(size) or None
+    if device.type != "cpu":
+        return None
+    best: tuple[int, int] | None = None
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            with open(f"{index}/type") as f:
+                kind = f.read().strip()
+            with open(f"{index}/level") as f:
+                level = int(f.read())
+            with open(f"{index}/size") as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        size = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text) if text.isdigit() else 0
+        if kind != "Instruction" and size and (best is None or level > best[0]):
+            best = (level, size)
+    return best[1] if best else None
 
 
 def _clone_args(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -290,12 +327,15 @@ def run(
                     )
                     for p, (r, _, moved) in timed.items():
                         _fill(r, spreads[p], moved)
+                        r.bytes_moved = moved
                         r.pct_of_copy = 100 * r.gbps / bandwidth.median
     if progress and sys.stderr.isatty():
         sys.stderr.write("\r" + " " * 80 + "\r")
     report = {
         "machine": machine_summary(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": str(dev),
+        "last_level_cache_bytes": last_level_cache_bytes(dev),
         "copy_bandwidth_gbps": bandwidth.median,
         "copy_bandwidth_q1_gbps": bandwidth.q1,
         "copy_bandwidth_q3_gbps": bandwidth.q3,
@@ -393,19 +433,12 @@ def format_report(report: dict[str, Any]) -> str:
     by_op: dict[str, list[dict[str, Any]]] = {}
     for r in report["results"]:
         by_op.setdefault(_label(r), []).append(r)
-    width = 27
     for op, rows in by_op.items():
         providers = list(dict.fromkeys(r["provider"] for r in rows))
         lines.append("")
         lines.append(f"{op} [tokens, {report['hidden']}]: us ±spread (GB/s, % of copy)")
-        header = (
-            f"{'dtype':<9}{'tokens':>7}  "
-            + "".join(f"{p:>{width}}" for p in providers)
-            + f"{'winner':>13}{'dispatch':>12}"
-        )
-        lines.append(header)
-        cases = list(dict.fromkeys((r["dtype"], r["tokens"]) for r in rows))
-        for dtype, t in cases:
+        table = [["dtype", "tokens", *providers, "winner", "dispatch"]]
+        for dtype, t in dict.fromkeys((r["dtype"], r["tokens"]) for r in rows):
             cells = []
             picks = ""
             for p in providers:
@@ -417,7 +450,13 @@ def format_report(report: dict[str, Any]) -> str:
                 cells.append(_cell(r))
             w = win.get((op, dtype, t))
             winner = "-" if w is None else w["winner"] + ("?" if w["uncertain"] else "")
-            lines.append(f"{dtype:<9}{t:>7}  " + "".join(f"{c:>{width}}" for c in cells) + f"{winner:>13}{picks:>12}")
+            table.append([dtype, str(t), *cells, winner, picks])
+        # Each column as wide as its widest cell, two spaces apart: long figures and provider
+        # names never run into their neighbours.
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        for row in table:
+            first = f"{row[0]:<{widths[0]}}"
+            lines.append("  ".join([first, *(f"{c:>{w}}" for c, w in zip(row[1:], widths[1:], strict=True))]))
         notes = {(r["provider"], r["status"], r["detail"]) for r in rows if r["status"] != "ok"}
         for provider, status, detail in sorted(notes, key=str):
             lines.append(f"  {provider}: {status}: {detail}")
@@ -456,41 +495,264 @@ def format_priority(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict[str, Any], path: str) -> str:
-    try:
-        import matplotlib
+#: Fixed colours of the providers this project knows (Okabe-Ito: told apart by colour-blind
+#: readers too): a provider keeps its colour in every panel and figure, whoever else is shown.
+PROVIDER_COLORS: dict[str, str] = {
+    "native": "#000000",
+    "aten": "#0072B2",
+    "vllm_c": "#D55E00",
+    "triton": "#009E73",
+    "inductor": "#CC79A7",
+    "aiter": "#E69F00",
+    "xpu_kernels": "#56B4E9",
+    "flashinfer": "#8C564B",
+    "oink": "#999933",
+}
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"--plot: matplotlib is not installed (pip install matplotlib); {path} not written"
-    groups: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = {}
+
+def provider_color(name: str) -> str:
+    """``name``'s colour: fixed for a known provider, else a hue drawn from a hash of the name
+    itself, so it never depends on which other providers a figure shows."""
+    if name in PROVIDER_COLORS:
+        return PROVIDER_COLORS[name]
+    hue = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") / 2**32
+    r, g, b = colorsys.hls_to_rgb(hue, 0.42, 0.75)
+    return f"#{round(255 * r):02x}{round(255 * g):02x}{round(255 * b):02x}"
+
+
+@dataclass(frozen=True)
+class SpeedUp:
+    """One heat-map cell: how much faster than native one provider ran one case."""
+
+    provider: str | None
+    #: Native's median time over the provider's; None when there is no pair to divide (see ``note``).
+    ratio: float | None
+    #: The two interquartile ranges overlap: whether it is faster or slower is within noise.
+    within_noise: bool = False
+    #: One of the two figures stayed wider than the noise limit after re-measuring.
+    flagged: bool = False
+    note: str = ""
+
+
+def _speed_up(provider: str | None, timed: dict[str, dict[str, Any]]) -> SpeedUp:
+    native = timed.get("native")
+    if provider is None:
+        return SpeedUp(None, None, note="nothing timed")
+    r = timed.get(provider)
+    if r is None:
+        return SpeedUp(provider, None, note="not timed")
+    if native is None:
+        return SpeedUp(provider, None, note="no native")
+    overlap = provider != "native" and r["q1_us"] <= native["q3_us"] and native["q1_us"] <= r["q3_us"]
+    return SpeedUp(provider, native["median_us"] / r["median_us"], overlap, bool(r["noisy"] or native["noisy"]))
+
+
+def speed_ups(report: dict[str, Any]) -> dict[tuple[str, str, int], tuple[SpeedUp, SpeedUp]]:
+    """Per (case, dtype, tokens): the speed-up over native of the dispatcher's choice, and of
+    the fastest provider measured."""
+    timed: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
+    picks: dict[tuple[str, str, int], str | None] = {}
     for r in report["results"]:
-        if r["status"] == "ok":
-            by_provider = groups.setdefault((_label(r), r["dtype"]), {})
-            by_provider.setdefault(r["provider"], []).append((r["tokens"], r["gbps"]))
-    # One row per measured case, one column per dtype.
-    labels = sorted({label for label, _ in groups})
-    dtype_names = sorted({dtype for _, dtype in groups})
-    rows, cols = max(1, len(labels)), max(1, len(dtype_names))
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
-    for ax in axes.flat:
+        key = (_label(r), r["dtype"], r["tokens"])
+        picks.setdefault(key, r.get("dispatcher_picks"))
+        by_provider = timed.setdefault(key, {})
+        if r["status"] == "ok" and r.get("median_us"):
+            by_provider[r["provider"]] = r
+    out = {}
+    for key, by_provider in timed.items():
+        fastest = min(by_provider, key=lambda p: by_provider[p]["median_us"]) if by_provider else None
+        out[key] = (_speed_up(picks[key], by_provider), _speed_up(fastest, by_provider))
+    return out
+
+
+def _title(report: dict[str, Any], what: str) -> str:
+    """Three lines: what the figure shows, the machine and date, the versions."""
+    machine = report.get("machine")
+    if isinstance(machine, dict):
+        cpus = f", {machine['cpus']} cpus" if machine.get("cpus") else ""
+        where = f"{machine.get('device')} ({machine.get('platform')}, {machine.get('isa')}{cpus})"
+        versions = [f"vllm-ir {machine.get('vllm_ir')}", f"torch {machine.get('torch')}"]
+        versions += [f"{p} {v}" for p, v in (machine.get("providers") or {}).items()]
+    else:  # the in-memory report: the one-line summary, versions not looked up
+        where, versions = str(report.get("machine_summary", machine)), []
+    date = report.get("date")
+    when = date.replace("T", " ").replace("Z", " UTC") if date else "date not recorded"
+    lines = [f"vllm-ir bench: {what} (hidden {report['hidden']})", f"{where}, {when}"]
+    return "\n".join(lines + ([", ".join(versions)] if versions else []))
+
+
+def summary_figure(report: dict[str, Any]) -> Any:
+    """The figure read first: a heat map per panel, ops x token counts, colour = speed-up over
+    native of the dispatcher's choice (left) and of the fastest provider (right); a cell whose
+    speed-up is within noise is hatched. Each cell names its provider, with its colour."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    cells = speed_ups(report)
+    rows = list(dict.fromkeys((label, dtype) for label, dtype, _ in cells))
+    tokens = sorted({t for _, _, t in cells})
+    logs = [abs(math.log2(c.ratio)) for pair in cells.values() for c in pair if c.ratio]
+    limit = min(3.0, max([1.0, *logs]))  # 2x at least, clipped at 8x
+    fig = Figure(figsize=(max(10.0, 3.2 + 2.6 * len(tokens)), 2.8 + 0.5 * max(1, len(rows))), layout="constrained")
+    fig.suptitle(_title(report, "speed-up over native"), fontsize=10)
+    axes = fig.subplots(1, 2, sharey=True)
+    cmap = ListedColormap(__import__("matplotlib").colormaps["RdBu"](np.linspace(0.08, 0.92, 256)))
+    cmap.set_bad("#e8e8e8")
+    image = None
+    for panel, ax in enumerate(axes):
+        grid = np.full((max(1, len(rows)), max(1, len(tokens))), np.nan)
+        for (label, dtype, t), pair in cells.items():
+            cell = pair[panel]
+            i, j = rows.index((label, dtype)), tokens.index(t)
+            if cell.ratio:
+                grid[i, j] = math.log2(cell.ratio)
+            text = f"{cell.ratio:.2f}x" + ("!" if cell.flagged else "") if cell.ratio else cell.note
+            strong = cell.ratio is not None and abs(math.log2(cell.ratio)) > 0.65 * limit
+            ink = "white" if strong else "black"
+            ax.text(j, i + 0.2, text, ha="center", va="center", fontsize=9, color=ink)
+            if cell.provider:  # the provider's name on its own colour, as in every other figure
+                badge = {"boxstyle": "round,pad=0.25", "facecolor": provider_color(cell.provider), "edgecolor": "none"}
+                ax.text(j, i - 0.16, cell.provider, ha="center", va="center", fontsize=8, color="white", bbox=badge,
+                        gid=f"provider:{cell.provider}")  # fmt: skip
+            if cell.within_noise:
+                hatch = {"fill": False, "hatch": "///", "edgecolor": "#606060", "linewidth": 0}
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, gid="within-noise", **hatch))
+        image = ax.imshow(grid, cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
+        ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
+        ax.set_yticks(range(len(rows)), [f"{label} {dtype}" for label, dtype in rows])
+        ax.set_xlabel("tokens")
+        ax.set_title(("the dispatcher's choice", "the fastest provider measured")[panel], fontsize=10)
+        ax.tick_params(length=0)
+    if not rows:
+        axes[0].text(0, 0, "nothing was timed", ha="center", va="center")
+    ticks = [k for k in range(-3, 4) if abs(k) <= limit]
+    bar = fig.colorbar(image, ax=list(axes), ticks=ticks, shrink=0.9, pad=0.02)
+    bar.ax.set_yticklabels([f"{2.0**k:g}x" for k in ticks])
+    bar.set_label("native time / provider time (> 1: faster than native)")
+    noise = report.get("noise_limit_pct", 100 * NOISE_LIMIT)
+    fig.supxlabel(
+        f"Medians over {report.get('rounds', 1)} rounds. Hatched: the two interquartile ranges overlap, faster or "
+        f"slower is within noise; !: a figure stayed wider than {noise:.0f}% of its median; grey: no pair to divide.",
+        fontsize=8,
+    )
+    return fig
+
+
+def detail_figure(report: dict[str, Any]) -> Any:
+    """Per-op panels: GB/s against tokens per provider, error bars the interquartile range; the
+    share of the copy bandwidth is written only where a call's working set exceeds the last-level
+    cache (an in-cache figure against a memory copy means nothing), else bandwidth alone."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+    for r in report["results"]:
+        if r["status"] == "ok" and r.get("median_us"):
+            groups.setdefault((_label(r), r["dtype"]), {}).setdefault(r["provider"], []).append(r)
+    llc = report.get("last_level_cache_bytes")
+    cols = max(1, min(3, len(groups)))
+    nrows = max(1, math.ceil(len(groups) / cols))
+    fig = Figure(figsize=(4.8 * cols, 3.3 * nrows + 1.6), layout="constrained")
+    fig.suptitle(_title(report, "bandwidth per op"), fontsize=10)
+    axes = fig.subplots(nrows, cols, squeeze=False)
+    for ax in axes.flat[len(groups) :]:
         ax.set_visible(False)
-    for (op, dtype), lines in sorted(groups.items()):
-        ax = axes[labels.index(op)][dtype_names.index(dtype)]
-        ax.set_visible(True)
-        for provider, points in sorted(lines.items()):
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=provider)
-        ax.axhline(report["copy_bandwidth_gbps"], color="grey", linestyle="--", label="copy_")
+    copy, shown = report["copy_bandwidth_gbps"], set()
+    for ax, ((label, dtype), by_provider) in zip(axes.flat, groups.items(), strict=False):
+        ax.axhspan(
+            report.get("copy_bandwidth_q1_gbps", copy),
+            report.get("copy_bandwidth_q3_gbps", copy),
+            color="#c8c8c8",
+            alpha=0.5,
+            linewidth=0,
+        )
+        ax.axhline(copy, color="#808080", linestyle="--", linewidth=1)
+        in_cache: set[int] = set()
+        for provider, points in sorted(by_provider.items()):
+            points = sorted(points, key=lambda r: r["tokens"])
+            moved = [r.get("bytes_moved") or r["gbps"] * r["median_us"] * 1e3 for r in points]
+            x = [r["tokens"] for r in points]
+            y = [r["gbps"] for r in points]
+            low = [y_ - b / r["q3_us"] / 1e3 for y_, b, r in zip(y, moved, points, strict=True)]
+            high = [b / r["q1_us"] / 1e3 - y_ for y_, b, r in zip(y, moved, points, strict=True)]
+            bars = ax.errorbar(
+                x,
+                y,
+                yerr=[low, high],
+                color=provider_color(provider),
+                marker="o",
+                markersize=4,
+                capsize=3,
+                linewidth=1.3,
+            )
+            bars.lines[0].set_gid(f"provider:{provider}")
+            shown.add(provider)
+            for r, b in zip(points, moved, strict=True):
+                if llc and b > llc:
+                    ax.annotate(
+                        f"{r['pct_of_copy']:.0f}%",
+                        (r["tokens"], r["gbps"]),
+                        textcoords="offset points",
+                        xytext=(4, 4),
+                        fontsize=7,
+                        color=provider_color(provider),
+                    )
+                elif llc:
+                    in_cache.add(r["tokens"])
+        xs = sorted({r["tokens"] for points in by_provider.values() for r in points})
+        if in_cache:  # shade the token counts whose working set fits in the cache
+            edge = [*xs, xs[-1] * 2]
+            right = max(in_cache)
+            ax.axvspan(
+                xs[0] / 1.4,
+                math.sqrt(right * edge[edge.index(right) + 1]) if right != xs[-1] else right * 1.4,
+                color="#f3e9c6",
+                linewidth=0,
+                zorder=0,
+            )
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{op} {dtype} hidden {report['hidden']}")
+        ax.set_yscale("log")
+        ax.set_xticks(xs, [str(t) for t in xs])
+        ax.set_xlim(xs[0] / 1.4, xs[-1] * 1.4)
+        ax.set_title(f"{label} {dtype}", fontsize=10)
         ax.set_xlabel("tokens")
         ax.set_ylabel("GB/s")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return f"plot written to {path}"
+    order = sorted(shown, key=lambda p: (p != "native", p))  # the baseline first
+    handles = [Line2D([], [], color=provider_color(p), marker="o", label=p) for p in order]
+    handles.append(Line2D([], [], color="#808080", linestyle="--", label=f"copy_ {copy:.1f} GB/s (band: IQR)"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    if llc:
+        cache = (
+            "%: share of the copy_ bandwidth, only where a call's working set exceeds the "
+            f"{llc / 2**20:.0f} MiB last-level cache; shaded: the working set fits in it, bandwidth alone."
+        )
+    else:
+        cache = "Last-level cache size unknown: the share of the copy_ bandwidth is not shown, bandwidth alone."
+    fig.supxlabel(f"Error bars: interquartile range over {report.get('rounds', 1)} rounds. {cache}", fontsize=8)
+    return fig
+
+
+def figures(report: dict[str, Any], *, detail: bool = False) -> list[Any]:
+    """The summary figure first; the per-op panels after it only with ``detail``."""
+    return [summary_figure(report), *([detail_figure(report)] if detail else [])]
+
+
+def plot(report: dict[str, Any], path: str | None, detail_path: str | None = None) -> str:
+    """Write the summary figure to ``path`` and, on request, the per-op panels to ``detail_path``;
+    returns what was written, or why nothing was (matplotlib is optional)."""
+    wanted = [p for p in (path, detail_path) if p]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"--plot: matplotlib is not installed (pip install matplotlib); {' and '.join(wanted)} not written"
+    written = []
+    for target, make in ((path, summary_figure), (detail_path, detail_figure)):
+        if target:
+            make(report).savefig(target, dpi=110)
+            written.append(target)
+    return f"plot written to {' and '.join(written)}"
 
 
 def _check_providers(names: Sequence[str], ops: Sequence[IrOp]) -> None:
@@ -539,7 +801,8 @@ def main(args: Any) -> int:
         if not args.providers:
             raise UsageError("argument --providers: no provider named; expected e.g. --providers vllm_c,aten")
         _check_providers(args.providers, ops)
-    for argument, path in (("--json", args.json_file), ("--plot", args.plot)):
+    plot_detail = getattr(args, "plot_detail", None)
+    for argument, path in (("--json", args.json_file), ("--plot", args.plot), ("--plot-detail", plot_detail)):
         if path:
             check_writable(argument, path)
     check_memory("arguments --tokens/--hidden", (max(tokens), args.hidden), dtypes, args.device)
@@ -566,15 +829,16 @@ def main(args: Any) -> int:
         print()
         print(format_priority(report))
     status = 0
+    document = json_report(report) if args.json_file or args.plot or plot_detail else None
     if args.json_file:
         try:
             with open(args.json_file, "w") as f:
-                json.dump(json_report(report), f, indent=2)
+                json.dump(document, f, indent=2)
         except OSError as exc:
             print(f"vllm-ir bench: error: argument --json: cannot write {args.json_file}: {exc}", file=sys.stderr)
             status = 1
-    if args.plot:
-        print(plot(report, args.plot))
+    if args.plot or plot_detail:
+        print(plot(document, args.plot, plot_detail))  # the document: its machine block names the versions
     wrong = [r for r in report["results"] if r["status"] in ("wrong", "error")]
     if wrong:
         print(f"\n{len(wrong)} implementation(s) failed correctness: exit code 1", file=sys.stderr)

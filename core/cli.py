@@ -1000,7 +1000,21 @@ def _bench_parser(sub: Any) -> None:
         help=f"write every figure to FILE (schema vllm-ir.bench/{JSON_VERSION}, with the machine); the table "
         "is still printed. Unlike the other verbs' --json, this one takes a file",
     )
-    bench.add_argument("--plot", metavar="FILE.png", default=None, help="bandwidth vs tokens (needs matplotlib)")
+    bench.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="one summary figure: a heat map of ops x token counts, colour = speed-up over native of the "
+        "dispatcher's choice and of the fastest provider, hatched where within noise (needs matplotlib); "
+        "with --model: step times",
+    )
+    bench.add_argument(
+        "--plot-detail",
+        metavar="FILE.png",
+        default=None,
+        help="also the per-op panels: GB/s vs tokens per provider with interquartile error bars, %% of copy_ "
+        "bandwidth where the working set exceeds the last-level cache (needs matplotlib)",
+    )
     bench.add_argument("--quick", action="store_true", help="fewer shapes and repeats (under a minute on CPU)")
     bench.add_argument(
         "--rounds",
