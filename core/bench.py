@@ -499,13 +499,13 @@ def format_priority(report: dict[str, Any]) -> str:
 #: readers too): a provider keeps its colour in every panel and figure, whoever else is shown.
 PROVIDER_COLORS: dict[str, str] = {
     "native": "#000000",
-    "aten": "#0072B2",
-    "vllm_c": "#D55E00",
-    "triton": "#009E73",
-    "inductor": "#CC79A7",
-    "aiter": "#E69F00",
-    "xpu_kernels": "#56B4E9",
-    "flashinfer": "#8C564B",
+    "aten": "#0072b2",
+    "vllm_c": "#d55e00",
+    "triton": "#009e73",
+    "inductor": "#cc79a7",
+    "aiter": "#e69f00",
+    "xpu_kernels": "#56b4e9",
+    "flashinfer": "#8c564b",
     "oink": "#999933",
 }
 
@@ -586,6 +586,7 @@ def summary_figure(report: dict[str, Any]) -> Any:
     native of the dispatcher's choice (left) and of the fastest provider (right); a cell whose
     speed-up is within noise is hatched. Each cell names its provider, with its colour."""
     import numpy as np
+    from matplotlib import colormaps
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
@@ -598,8 +599,7 @@ def summary_figure(report: dict[str, Any]) -> Any:
     fig = Figure(figsize=(max(10.0, 3.2 + 2.6 * len(tokens)), 2.8 + 0.5 * max(1, len(rows))), layout="constrained")
     fig.suptitle(_title(report, "speed-up over native"), fontsize=10)
     axes = fig.subplots(1, 2, sharey=True)
-    cmap = ListedColormap(__import__("matplotlib").colormaps["RdBu"](np.linspace(0.08, 0.92, 256)))
-    cmap.set_bad("#e8e8e8")
+    cmap = ListedColormap(colormaps["RdBu"](np.linspace(0.08, 0.92, 256))).with_extremes(bad="#e8e8e8")
     image = None
     for panel, ax in enumerate(axes):
         grid = np.full((max(1, len(rows)), max(1, len(tokens))), np.nan)
@@ -614,8 +614,17 @@ def summary_figure(report: dict[str, Any]) -> Any:
             ax.text(j, i + 0.2, text, ha="center", va="center", fontsize=9, color=ink)
             if cell.provider:  # the provider's name on its own colour, as in every other figure
                 badge = {"boxstyle": "round,pad=0.25", "facecolor": provider_color(cell.provider), "edgecolor": "none"}
-                ax.text(j, i - 0.16, cell.provider, ha="center", va="center", fontsize=8, color="white", bbox=badge,
-                        gid=f"provider:{cell.provider}")  # fmt: skip
+                ax.text(
+                    j,
+                    i - 0.16,
+                    cell.provider,
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white",
+                    bbox=badge,
+                    gid=f"provider:{cell.provider}",
+                )
             if cell.within_noise:
                 hatch = {"fill": False, "hatch": "///", "edgecolor": "#606060", "linewidth": 0}
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, gid="within-noise", **hatch))

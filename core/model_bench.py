@@ -277,8 +277,10 @@ def plot(report: dict[str, Any], path: str) -> str:
         present = [label for label in labels if f"{label} / {step}" in report["times"]]
         times = [report["times"][f"{label} / {step}"] for label in present]
         values = [t["median_us"] / 1e3 for t in times]
-        spread = [[v - t["q1_us"] / 1e3 for v, t in zip(values, times, strict=True)],
-                  [t["q3_us"] / 1e3 - v for v, t in zip(values, times, strict=True)]]  # fmt: skip
+        spread = [
+            [v - t["q1_us"] / 1e3 for v, t in zip(values, times, strict=True)],
+            [t["q3_us"] / 1e3 - v for v, t in zip(values, times, strict=True)],
+        ]
         colors = {"stock eager": "#999", "vllm-ir eager": "#37a", "stock compiled": "#bbb", "vllm-ir compiled": "#59c"}
         ax.bar(range(len(present)), values, yerr=spread, capsize=4, color=[colors[label] for label in present])
         ax.set_xticks(range(len(present)), present, rotation=20)
