@@ -522,16 +522,31 @@ def provider_color(name: str) -> str:
 
 @dataclass(frozen=True)
 class SpeedUp:
-    """One heat-map cell: how much faster than native one provider ran one case."""
+    """How much faster than native one provider ran one case."""
 
     provider: str | None
     #: Native's median time over the provider's; None when there is no pair to divide (see ``note``).
     ratio: float | None
-    #: The two interquartile ranges overlap: whether it is faster or slower is within noise.
-    within_noise: bool = False
+    #: Faster or slower cannot be told: the two interquartile ranges overlap, or a figure's
+    #: rounds were mostly descheduled (its time is the scheduler's, not the kernel's).
+    uncertain: bool = False
     #: One of the two figures stayed wider than the noise limit after re-measuring.
     flagged: bool = False
     note: str = ""
+
+
+@dataclass(frozen=True)
+class HeatCell:
+    """One heat-map cell: the dispatcher's choice and the fastest provider measured."""
+
+    chosen: SpeedUp
+    fastest: SpeedUp
+    #: The fastest's interquartile range overlaps the chosen one's: the choice may well be right.
+    close: bool = False
+
+
+def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a["q1_us"] <= b["q3_us"] and b["q1_us"] <= a["q3_us"]
 
 
 def _speed_up(provider: str | None, timed: dict[str, dict[str, Any]]) -> SpeedUp:
@@ -543,11 +558,12 @@ def _speed_up(provider: str | None, timed: dict[str, dict[str, Any]]) -> SpeedUp
         return SpeedUp(provider, None, note="not timed")
     if native is None:
         return SpeedUp(provider, None, note="no native")
-    overlap = provider != "native" and r["q1_us"] <= native["q3_us"] and native["q1_us"] <= r["q3_us"]
-    return SpeedUp(provider, native["median_us"] / r["median_us"], overlap, bool(r["noisy"] or native["noisy"]))
+    uncertain = bool(r.get("descheduled") or native.get("descheduled"))
+    uncertain |= provider != "native" and _overlap(r, native)
+    return SpeedUp(provider, native["median_us"] / r["median_us"], uncertain, bool(r["noisy"] or native["noisy"]))
 
 
-def speed_ups(report: dict[str, Any]) -> dict[tuple[str, str, int], tuple[SpeedUp, SpeedUp]]:
+def speed_ups(report: dict[str, Any]) -> dict[tuple[str, str, int], HeatCell]:
     """Per (case, dtype, tokens): the speed-up over native of the dispatcher's choice, and of
     the fastest provider measured."""
     timed: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
@@ -561,7 +577,9 @@ def speed_ups(report: dict[str, Any]) -> dict[tuple[str, str, int], tuple[SpeedU
     out = {}
     for key, by_provider in timed.items():
         fastest = min(by_provider, key=lambda p: by_provider[p]["median_us"]) if by_provider else None
-        out[key] = (_speed_up(picks[key], by_provider), _speed_up(fastest, by_provider))
+        chosen = by_provider.get(picks[key] or "")
+        close = chosen is not None and fastest is not None and _overlap(chosen, by_provider[fastest])
+        out[key] = HeatCell(_speed_up(picks[key], by_provider), _speed_up(fastest, by_provider), close)
     return out
 
 
@@ -582,9 +600,9 @@ def _title(report: dict[str, Any], what: str) -> str:
 
 
 def summary_figure(report: dict[str, Any]) -> Any:
-    """The figure read first: a heat map per panel, ops x token counts, colour = speed-up over
-    native of the dispatcher's choice (left) and of the fastest provider (right); a cell whose
-    speed-up is within noise is hatched. Each cell names its provider, with its colour."""
+    """The figure read first: a heat map of ops x token counts, colour = speed-up over native of
+    the provider the dispatcher chose, named on its own colour; where another provider measured
+    faster, it is named under it. A cell whose speed-up cannot be told from noise is hatched."""
     import numpy as np
     from matplotlib import colormaps
     from matplotlib.colors import ListedColormap
@@ -594,56 +612,59 @@ def summary_figure(report: dict[str, Any]) -> Any:
     cells = speed_ups(report)
     rows = list(dict.fromkeys((label, dtype) for label, dtype, _ in cells))
     tokens = sorted({t for _, _, t in cells})
-    logs = [abs(math.log2(c.ratio)) for pair in cells.values() for c in pair if c.ratio]
+    logs = [abs(math.log2(c.chosen.ratio)) for c in cells.values() if c.chosen.ratio]
     limit = min(3.0, max([1.0, *logs]))  # 2x at least, clipped at 8x
-    fig = Figure(figsize=(max(10.0, 3.2 + 2.6 * len(tokens)), 2.8 + 0.5 * max(1, len(rows))), layout="constrained")
-    fig.suptitle(_title(report, "speed-up over native"), fontsize=10)
-    axes = fig.subplots(1, 2, sharey=True)
+    size = (max(8.0, 4.6 + 1.5 * len(tokens)), 2.4 + 0.62 * max(1, len(rows)))
+    fig = Figure(figsize=size, layout="constrained")
+    fig.suptitle(_title(report, "speed-up over native of the dispatcher's choice"), fontsize=10)
+    ax = fig.subplots()
     cmap = ListedColormap(colormaps["RdBu"](np.linspace(0.08, 0.92, 256))).with_extremes(bad="#e8e8e8")
-    image = None
-    for panel, ax in enumerate(axes):
-        grid = np.full((max(1, len(rows)), max(1, len(tokens))), np.nan)
-        for (label, dtype, t), pair in cells.items():
-            cell = pair[panel]
-            i, j = rows.index((label, dtype)), tokens.index(t)
-            if cell.ratio:
-                grid[i, j] = math.log2(cell.ratio)
-            text = f"{cell.ratio:.2f}x" + ("!" if cell.flagged else "") if cell.ratio else cell.note
-            strong = cell.ratio is not None and abs(math.log2(cell.ratio)) > 0.65 * limit
-            ink = "white" if strong else "black"
-            ax.text(j, i + 0.2, text, ha="center", va="center", fontsize=9, color=ink)
-            if cell.provider:  # the provider's name on its own colour, as in every other figure
-                badge = {"boxstyle": "round,pad=0.25", "facecolor": provider_color(cell.provider), "edgecolor": "none"}
-                ax.text(
-                    j,
-                    i - 0.16,
-                    cell.provider,
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white",
-                    bbox=badge,
-                    gid=f"provider:{cell.provider}",
-                )
-            if cell.within_noise:
-                hatch = {"fill": False, "hatch": "///", "edgecolor": "#606060", "linewidth": 0}
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, gid="within-noise", **hatch))
-        image = ax.imshow(grid, cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
-        ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
-        ax.set_yticks(range(len(rows)), [f"{label} {dtype}" for label, dtype in rows])
-        ax.set_xlabel("tokens")
-        ax.set_title(("the dispatcher's choice", "the fastest provider measured")[panel], fontsize=10)
-        ax.tick_params(length=0)
+    grid = np.full((max(1, len(rows)), max(1, len(tokens))), np.nan)
+    for (label, dtype, t), cell in cells.items():
+        chosen, i, j = cell.chosen, rows.index((label, dtype)), tokens.index(t)
+        if chosen.ratio:
+            grid[i, j] = math.log2(chosen.ratio)
+        strong = chosen.ratio is not None and abs(math.log2(chosen.ratio)) > 0.6 * limit
+        ink = "white" if strong else "black"
+        text = f"{chosen.ratio:.2f}x" + ("!" if chosen.flagged else "") if chosen.ratio else chosen.note
+        ax.text(j, i + 0.02, text, ha="center", va="center", fontsize=10, color=ink)
+        if chosen.provider:  # the provider's name on its own colour, as in every other figure
+            badge = {"boxstyle": "round,pad=0.25", "facecolor": provider_color(chosen.provider), "edgecolor": "none"}
+            ax.text(
+                j,
+                i - 0.27,
+                chosen.provider,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white",
+                bbox=badge,
+                gid=f"provider:{chosen.provider}",
+            )
+        fastest = cell.fastest
+        if fastest.provider and fastest.provider != chosen.provider and fastest.ratio:
+            note = f"fastest: {fastest.provider} {fastest.ratio:.2f}x" + ("?" if cell.close else "")
+            ax.text(j, i + 0.3, note, ha="center", va="center", fontsize=7, color=ink, gid="fastest")
+        if chosen.uncertain:
+            hatch = {"fill": False, "hatch": "///", "edgecolor": "#606060", "linewidth": 0}
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, gid="uncertain", **hatch))
+    image = ax.imshow(grid, cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
+    ax.set_yticks(range(len(rows)), [f"{label} {dtype}" for label, dtype in rows])
+    ax.set_xlabel("tokens")
+    ax.tick_params(length=0)
     if not rows:
-        axes[0].text(0, 0, "nothing was timed", ha="center", va="center")
+        ax.text(0, 0, "nothing was timed", ha="center", va="center")
     ticks = [k for k in range(-3, 4) if abs(k) <= limit]
-    bar = fig.colorbar(image, ax=list(axes), ticks=ticks, shrink=0.9, pad=0.02)
+    bar = fig.colorbar(image, ax=ax, ticks=ticks, shrink=0.9, pad=0.02)
     bar.ax.set_yticklabels([f"{2.0**k:g}x" for k in ticks])
-    bar.set_label("native time / provider time (> 1: faster than native)")
+    bar.set_label("native time / chosen provider's time")
     noise = report.get("noise_limit_pct", 100 * NOISE_LIMIT)
     fig.supxlabel(
-        f"Medians over {report.get('rounds', 1)} rounds. Hatched: the two interquartile ranges overlap, faster or "
-        f"slower is within noise; !: a figure stayed wider than {noise:.0f}% of its median; grey: no pair to divide.",
+        f"Medians over {report.get('rounds', 1)} rounds. Hatched: faster or slower than native cannot be told (the "
+        "interquartile ranges overlap, or most rounds were descheduled).\n"
+        f"!: a figure stayed wider than {noise:.0f}% of its median. fastest: another provider measured faster "
+        "(?: within its spread). Grey: no pair to divide.",
         fontsize=8,
     )
     return fig
