@@ -125,13 +125,17 @@ def test_accepts(oink, make):
 
 
 def test_predicates_decline_cpu_tensors_and_fused_add_wants_matching_contiguous_buffers(oink):
+    fused_supports = vllm_ir.ops.fused_add_rms_norm.impls["oink"].supports_args  # called with the op's arguments
     x, w = torch.randn(4, 64, dtype=BF16), torch.ones(64, dtype=BF16)
-    assert oink.rms_norm_supports(x, w, 1e-6).reason == "tensors are on cpu; Oink runs on CUDA GPUs"
+    assert (
+        vllm_ir.ops.rms_norm.impls["oink"].supports_args(x, w, 1e-6).reason
+        == "tensors are on cpu; Oink runs on CUDA GPUs"
+    )
     r = torch.randn(4, 64, dtype=BF16)
-    assert oink.fused_add_rms_norm_supports(x, r, w, 1e-6).reason == "tensors are on cpu; Oink runs on CUDA GPUs"
-    assert "residual must have x's shape and dtype" in oink.fused_add_rms_norm_supports(x, r[:1], w, 1e-6).reason
+    assert fused_supports(x, r, w, 1e-6).reason == "tensors are on cpu; Oink runs on CUDA GPUs"
+    assert "residual must have x's shape and dtype" in fused_supports(x, r[:1], w, 1e-6).reason
     padded = torch.randn(4, 96, dtype=BF16)[:, :64]
-    assert "must be contiguous" in oink.fused_add_rms_norm_supports(x, padded, w, 1e-6).reason
+    assert "must be contiguous" in fused_supports(x, padded, w, 1e-6).reason
 
 
 def test_dispatch_never_picks_it_here_and_explain_says_why(oink):

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir import Provider
 
 __version__ = "0.1.0"
 PROVIDER = "oink"
@@ -108,20 +109,20 @@ def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool |
     return True
 
 
-def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     return _on_blackwell(x) and rules(x, weight, variance_size)
 
 
 def fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-):
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
+) -> bool | vllm_ir.Unsupported:
     # In place on both: contiguous buffers of one shape and dtype (a clone for the functional
     # overload is then contiguous too, and just as aligned).
     if x_residual.shape != x.shape or x_residual.dtype != x.dtype:
         return vllm_ir.Unsupported("residual must have x's shape and dtype")
     if not x.is_contiguous() or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("x and residual must be contiguous (Oink adds and normalizes in place)")
-    return _on_blackwell(x) and rules(x, weight, variance_size)
+    return rms_norm_supports(x, weight, variance_size)
 
 
 @functools.cache
@@ -146,22 +147,20 @@ def _weight(x: Tensor, weight: Tensor | None) -> Tensor:
 
 
 SUPPORTED = availability()
+#: The registration surface: unavailable with `availability`'s reason.
+OINK = Provider(PROVIDER, available=SUPPORTED)
 
 
-@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=rms_norm_supports)
-def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+@OINK.impl("rms_norm", supports=rms_norm_supports)
+def rms_norm(x, weight, epsilon, variance_size=None):
     if x.numel() == 0:
         return torch.empty_like(x)
     rows = x.view(-1, x.shape[-1])  # a view: the predicate admits only inputs that flatten without a copy
     return _vendor_ops().rmsnorm(rows, _weight(x, weight), epsilon).view(x.shape)
 
 
-@vllm_ir.ops.fused_add_rms_norm.register_impl(
-    PROVIDER, supported=SUPPORTED, supports_args=fused_add_rms_norm_supports, inplace=True
-)
-def fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> tuple[Tensor, Tensor]:
+@OINK.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports, inplace=True)
+def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     if x.numel():
         hidden = x.shape[-1]
         _vendor_ops().fused_add_rms_norm(x.view(-1, hidden), x_residual.view(-1, hidden), _weight(x, weight), epsilon)
