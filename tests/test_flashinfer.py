@@ -92,9 +92,14 @@ def test_declines_with_reason(fi, group, make, reason):
 
 
 def test_predicates_decline_cpu_unknown_groups_and_mismatched_residuals(fi, group, monkeypatch):
+    fused_supports = vllm_ir.ops.all_reduce_fused_add_rms_norm.impls["flashinfer"].supports_args  # the op's arguments
     x, w = torch.randn(4, 64), torch.ones(64)
-    assert fi.all_reduce_rms_norm_supports(x, w, 1e-6, group).reason.startswith("tensors are on cpu")
-    assert "residual must be contiguous" in fi.all_reduce_fused_add_rms_norm_supports(x, x[:2], w, 1e-6, group).reason
+    assert (
+        vllm_ir.ops.all_reduce_rms_norm.impls["flashinfer"]
+        .supports_args(x, w, 1e-6, group)
+        .reason.startswith("tensors are on cpu")
+    )
+    assert "residual must be contiguous" in fused_supports(x, x[:2], w, 1e-6, group).reason
     monkeypatch.setattr(fi, "WORLD_SIZES", (1,))
     assert fi.rules(x, w, group) is True
     assert "process group 'nope' is unknown here" in fi.rules(x, w, "nope").reason
@@ -162,6 +167,7 @@ def test_workspace_is_reused_and_regrown(double, group, fi, monkeypatch):
     assert double.CALLS[-2]["workspace"].max_token_num == 8
 
 
+@pytest.mark.compile
 def test_fusion_pass_fuses_without_force_when_flashinfer_is_first(double, group):
     import torch.distributed._functional_collectives as funcol
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir import Provider
 from vllm_ir_provider_flashinfer import ops
 
 __version__ = "0.1.0"
@@ -95,36 +96,31 @@ def rules(x: Tensor, weight: Tensor | None, group_name: str) -> bool | vllm_ir.U
     return True
 
 
-def all_reduce_rms_norm_supports(
-    x: Tensor, weight: Tensor | None, epsilon: float, group_name: str
-) -> bool | vllm_ir.Unsupported:
+def all_reduce_rms_norm_supports(x: Tensor, weight: Tensor | None, group_name: str) -> bool | vllm_ir.Unsupported:
     return _on_gpu(x) and rules(x, weight, group_name)
 
 
 def all_reduce_fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, group_name: str
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, group_name: str
 ) -> bool | vllm_ir.Unsupported:
     if x_residual.shape != x.shape or x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("residual must be contiguous with x's shape and dtype")
-    return _on_gpu(x) and rules(x, weight, group_name)
+    return all_reduce_rms_norm_supports(x, weight, group_name)
 
 
 SUPPORTED = availability()
+#: The registration surface: unavailable with `availability`'s reason; the predicates read the
+#: group's size, which the decision key leaves out, so nothing is cached.
+FLASHINFER = Provider(PROVIDER, available=SUPPORTED, cacheable=False)
 
 
-@vllm_ir.ops.all_reduce_rms_norm.register_impl(
-    PROVIDER, supported=SUPPORTED, supports_args=all_reduce_rms_norm_supports, cacheable=False
-)
-def all_reduce_rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, group_name: str) -> tuple[Tensor, Tensor]:
+@FLASHINFER.impl("all_reduce_rms_norm", supports=all_reduce_rms_norm_supports)
+def all_reduce_rms_norm(x, weight, epsilon, group_name):
     return torch.ops.vllm_ir_flashinfer.all_reduce_rms_norm(x, weight, epsilon, group_name)
 
 
-@vllm_ir.ops.all_reduce_fused_add_rms_norm.register_impl(
-    PROVIDER, supported=SUPPORTED, supports_args=all_reduce_fused_add_rms_norm_supports, cacheable=False
-)
-def all_reduce_fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, group_name: str
-) -> tuple[Tensor, Tensor]:
+@FLASHINFER.impl("all_reduce_fused_add_rms_norm", supports=all_reduce_fused_add_rms_norm_supports)
+def all_reduce_fused_add_rms_norm(x, x_residual, weight, epsilon, group_name):
     return torch.ops.vllm_ir_flashinfer.all_reduce_fused_add_rms_norm(x, x_residual, weight, epsilon, group_name)
 
 
