@@ -243,6 +243,29 @@ def test_vllm_c_registers_through_the_surface():
     from vllm_ir_provider_vllm_c._extension import VLLM_C
 
     assert set(VLLM_C.impls) >= {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"}
-    fused = vllm_ir.ops.fused_add_rms_norm.impls["vllm_c"]
+    # The Provider's own record: the registry may have been reset since the module was imported.
+    fused = VLLM_C.impls["fused_add_rms_norm"]
     assert fused.inplace_fn is not None and not fused.inplace
-    assert vllm_ir.ops.rotary_embedding.impls["vllm_c"].inplace
+    assert VLLM_C.impls["rotary_embedding"].inplace
+
+
+def test_every_in_repo_provider_registers_through_the_surface():
+    """Each provider package's `Provider` object holds every implementation it registered."""
+    import importlib
+
+    surfaces = {
+        "aiter": ("vllm_ir_provider_aiter", "AITER"),
+        "xpu_kernels": ("vllm_ir_provider_xpu_kernels", "XPU"),
+        "oink": ("vllm_ir_provider_oink", "OINK"),
+        "flashinfer": ("vllm_ir_provider_flashinfer", "FLASHINFER"),
+        "triton": ("vllm_ir_provider_triton", "TRITON"),
+    }
+    for name, (module, attr) in surfaces.items():
+        pytest.importorskip(module)
+        # The Provider's own record (the registry may have been reset since the module loaded).
+        surface = getattr(importlib.import_module(module), attr)
+        assert isinstance(surface, Provider) and surface.name == name and surface.impls
+        for op_name, impl in surface.impls.items():
+            assert (impl.op_name, impl.provider) == (op_name, name)
+            if not surface.available:  # one reason for every op of a provider whose library is missing
+                assert impl.supported.reason == surface.reason

@@ -4,9 +4,10 @@ Triton (and its kernels) are imported only when a GPU back-end is active or
 ``TRITON_INTERPRET=1`` asks for the CPU interpreter; otherwise the implementations are
 registered as unsupported with the reason, so ``vllm-ir providers list`` stays cheap.
 
-Layout: ``ops/<family>.py`` registers one op family's implementations and predicates (every
-module there is imported); ``kernels/<family>.py`` holds its Triton code, imported by the
-family module only when Triton can run here. Adding an op family is adding those two files.
+Layout: ``ops/<family>.py`` registers one op family's implementations and predicates through
+`TRITON` (a `vllm_ir.Provider`; every module there is imported); ``kernels/<family>.py`` holds
+its Triton code, imported by the family module only when Triton can run here. Adding an op
+family is adding those two files.
 
 Every implementation declares `compile_facts` (what a compiled graph that runs it depends on
 beyond the implementation's own code): the installed Triton, whether the interpreter runs the
@@ -26,6 +27,8 @@ from pathlib import Path
 import torch
 
 import vllm_ir
+from vllm_ir import Provider
+from vllm_ir.provider import import_families
 
 __version__ = "0.1.0"
 
@@ -50,17 +53,6 @@ def availability() -> bool | vllm_ir.Unsupported:
 
 
 SUPPORTED = availability()
-
-
-def _register_op_families() -> None:
-    """Import every module of ``ops/`` (one per op family): each registers its implementations."""
-    import importlib
-    import pkgutil
-
-    from vllm_ir_provider_triton import ops
-
-    for module in sorted(m.name for m in pkgutil.iter_modules(ops.__path__)):
-        importlib.import_module(f"{ops.__name__}.{module}")
 
 
 @functools.cache
@@ -99,19 +91,19 @@ INTERPRETER_NOT_LOWERABLE = vllm_ir.Unsupported(
 )
 
 
-def _declare_compile_facts() -> None:
-    """Give every implementation this package registered its `compile_facts` (before it is used),
-    and, under the interpreter, mark it as not lowerable (compile-mode priorities skip it)."""
-    for op in vllm_ir.ops:
-        impl = op.impls.get(PROVIDER)
-        if impl is None:
-            continue
-        if impl.compile_facts is None:
-            impl.compile_facts = compile_facts
-        if interpreting():
-            impl.lowerable = INTERPRETER_NOT_LOWERABLE
-
-
 PROVIDER = "triton"
-_register_op_families()
-_declare_compile_facts()
+#: The registration surface of every family: unavailable with `availability`'s reason, every
+#: implementation declaring `compile_facts`, and under the interpreter not lowerable (compile-mode
+#: priorities skip it). Batch invariant unless a family says otherwise.
+TRITON = Provider(
+    PROVIDER,
+    available=SUPPORTED,
+    batch_invariant=True,
+    compile_facts=compile_facts,
+    lowerable=INTERPRETER_NOT_LOWERABLE if interpreting() else True,
+)
+
+from vllm_ir_provider_triton import ops as _ops  # noqa: E402  (its families need TRITON)
+
+#: The op family modules of ``ops/``, each registered through `TRITON`.
+FAMILIES = import_families(_ops.__name__, _ops.__path__)

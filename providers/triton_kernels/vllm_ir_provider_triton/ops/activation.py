@@ -17,9 +17,8 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import SUPPORTED, interpreting
+from vllm_ir_provider_triton import TRITON, interpreting
 
-PROVIDER = "triton"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Widest gate of gelu_and_mul_sparse's row kernel (kernels.activation.MAX_SPARSE_D; not imported
 #: from there, which needs Triton).
@@ -56,27 +55,15 @@ def elementwise_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
     return _device_and_dtype(x) and _rows_layout(x)
 
 
-def gelu_and_mul_supports(x: Tensor, approximate: str = "none") -> bool | vllm_ir.Unsupported:
+def gelu_and_mul_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
     if approximate not in ("none", "tanh"):
         return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
     return gated_supports(x)
 
 
-def fatrelu_and_mul_supports(x: Tensor, threshold: float = 0.0) -> bool | vllm_ir.Unsupported:
-    return gated_supports(x)
-
-
-def swigluoai_and_mul_supports(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> bool | vllm_ir.Unsupported:
-    return gated_supports(x)
-
-
-def gelu_and_mul_sparse_supports(
-    x: Tensor, std_multiplier: float, approximate: str = "none"
-) -> bool | vllm_ir.Unsupported:
+def gelu_and_mul_sparse_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
     """The gated layouts, with a gate of at most MAX_SPARSE_D columns (one program holds a row)."""
-    if approximate not in ("none", "tanh"):
-        return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
-    verdict = gated_supports(x)
+    verdict = gelu_and_mul_supports(x, approximate)
     if not verdict:
         return verdict
     if x.shape[-1] // 2 > MAX_SPARSE_D:
@@ -90,7 +77,12 @@ def _gated_out(x: Tensor) -> Tensor:
     return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
 
 
-if SUPPORTED:
+def _check_approximate(op: str, approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"{op} (provider triton): approximate must be 'none' or 'tanh', not {approximate!r}")
+
+
+if TRITON.available:
     from vllm_ir_provider_triton.kernels import activation as k
     from vllm_ir_provider_triton.kernels.activation import (
         elementwise_activation_out,
@@ -100,88 +92,64 @@ if SUPPORTED:
 
     assert k.MAX_SPARSE_D == MAX_SPARSE_D
 
-    def _gated(x: Tensor, activation: int, layout: int, p0: float = 0.0, p1: float = 0.0) -> Tensor:
-        out = _gated_out(x)
-        gated_activation_out(out, x, activation, layout, p0, p1)
-        return out
 
-    def _elementwise(x: Tensor, activation: int) -> Tensor:
+def _gated(x: Tensor, activation: int, layout: int, p0: float = 0.0, p1: float = 0.0) -> Tensor:
+    out = _gated_out(x)
+    gated_activation_out(out, x, activation, layout, p0, p1)
+    return out
+
+
+@TRITON.impl("silu_and_mul", supports=gated_supports)
+def silu_and_mul(x):
+    return _gated(x, k.SILU.value, k.GATE_FIRST.value)
+
+
+@TRITON.impl("mul_and_silu", supports=gated_supports)
+def mul_and_silu(x):
+    return _gated(x, k.SILU.value, k.GATE_SECOND.value)
+
+
+@TRITON.impl("gelu_and_mul", supports=gelu_and_mul_supports)
+def gelu_and_mul(x, approximate="none"):
+    _check_approximate("gelu_and_mul", approximate)
+    return _gated(x, (k.GELU if approximate == "none" else k.GELU_TANH).value, k.GATE_FIRST.value)
+
+
+# F.threshold compares x with the threshold as float32 on CPU, and with the threshold rounded to
+# x's dtype on CUDA and XPU (they differ for e.g. 0.1 in bfloat16): the kernel compares as native
+# does on x's device, so it is exact on both.
+@TRITON.impl("fatrelu_and_mul", supports=gated_supports, exact=True)
+def fatrelu_and_mul(x, threshold=0.0):
+    activation = k.FATRELU if x.device.type == "cpu" else k.FATRELU_DTYPE_THRESHOLD
+    return _gated(x, activation.value, k.GATE_FIRST.value, float(threshold))
+
+
+@TRITON.impl("swigluoai_and_mul", supports=gated_supports)
+def swigluoai_and_mul(x, alpha=1.702, limit=7.0):
+    return _gated(x, k.SWIGLUOAI.value, k.INTERLEAVED.value, float(alpha), float(limit))
+
+
+# vLLM's own Triton gelu_and_mul_sparse is a triton_op too: Inductor sees into it under compile.
+@TRITON.impl("gelu_and_mul_sparse", supports=gelu_and_mul_sparse_supports)
+def gelu_and_mul_sparse(x, std_multiplier, approximate="none"):
+    _check_approximate("gelu_and_mul_sparse", approximate)
+    out = _gated_out(x)
+    gelu_and_mul_sparse_out(out, x, float(std_multiplier), approximate == "tanh")
+    return out
+
+
+def _elementwise(name: str, activation: str, exact: bool = False) -> None:
+    """One elementwise op: x -> a fresh tensor of x's shape through `elementwise_activation_out`."""
+
+    def impl(x):
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        elementwise_activation_out(out, x, activation)
+        elementwise_activation_out(out, x, getattr(k, activation).value)
         return out
 
-    @vllm_ir.ops.silu_and_mul.register_impl(PROVIDER, supports_args=gated_supports, batch_invariant=True)
-    def silu_and_mul(x: Tensor) -> Tensor:
-        return _gated(x, k.SILU.value, k.GATE_FIRST.value)
+    impl.__name__ = impl.__qualname__ = name
+    TRITON.register(name, impl, supports=elementwise_supports, exact=exact)
 
-    @vllm_ir.ops.mul_and_silu.register_impl(PROVIDER, supports_args=gated_supports, batch_invariant=True)
-    def mul_and_silu(x: Tensor) -> Tensor:
-        return _gated(x, k.SILU.value, k.GATE_SECOND.value)
 
-    @vllm_ir.ops.gelu_and_mul.register_impl(PROVIDER, supports_args=gelu_and_mul_supports, batch_invariant=True)
-    def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
-        if approximate not in ("none", "tanh"):
-            raise ValueError(
-                f"gelu_and_mul (provider triton): approximate must be 'none' or 'tanh', not {approximate!r}"
-            )
-        return _gated(x, (k.GELU if approximate == "none" else k.GELU_TANH).value, k.GATE_FIRST.value)
-
-    # F.threshold compares x with the threshold as float32 on CPU, and with the threshold
-    # rounded to x's dtype on CUDA and XPU (they differ for e.g. 0.1 in bfloat16): the kernel
-    # compares as native does on x's device, so it is exact on both.
-    @vllm_ir.ops.fatrelu_and_mul.register_impl(
-        PROVIDER, supports_args=fatrelu_and_mul_supports, batch_invariant=True, exact=True
-    )
-    def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
-        activation = k.FATRELU if x.device.type == "cpu" else k.FATRELU_DTYPE_THRESHOLD
-        return _gated(x, activation.value, k.GATE_FIRST.value, float(threshold))
-
-    @vllm_ir.ops.swigluoai_and_mul.register_impl(
-        PROVIDER, supports_args=swigluoai_and_mul_supports, batch_invariant=True
-    )
-    def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
-        return _gated(x, k.SWIGLUOAI.value, k.INTERLEAVED.value, float(alpha), float(limit))
-
-    # vLLM's own Triton gelu_and_mul_sparse is a triton_op too: Inductor sees into it under compile.
-    @vllm_ir.ops.gelu_and_mul_sparse.register_impl(
-        PROVIDER, supports_args=gelu_and_mul_sparse_supports, batch_invariant=True
-    )
-    def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "none") -> Tensor:
-        if approximate not in ("none", "tanh"):
-            raise ValueError(
-                f"gelu_and_mul_sparse (provider triton): approximate must be 'none' or 'tanh', not {approximate!r}"
-            )
-        out = _gated_out(x)
-        gelu_and_mul_sparse_out(out, x, float(std_multiplier), approximate == "tanh")
-        return out
-
-    @vllm_ir.ops.gelu_new.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True)
-    def gelu_new(x: Tensor) -> Tensor:
-        return _elementwise(x, k.GELU_NEW.value)
-
-    @vllm_ir.ops.gelu_fast.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True)
-    def gelu_fast(x: Tensor) -> Tensor:
-        return _elementwise(x, k.GELU_FAST.value)
-
-    @vllm_ir.ops.quick_gelu.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True)
-    def quick_gelu(x: Tensor) -> Tensor:
-        return _elementwise(x, k.QUICK_GELU.value)
-
-    @vllm_ir.ops.relu2.register_impl(PROVIDER, supports_args=elementwise_supports, batch_invariant=True, exact=True)
-    def relu2(x: Tensor) -> Tensor:
-        return _elementwise(x, k.RELU2.value)
-
-else:
-    for _op in (
-        vllm_ir.ops.silu_and_mul,
-        vllm_ir.ops.mul_and_silu,
-        vllm_ir.ops.gelu_and_mul,
-        vllm_ir.ops.fatrelu_and_mul,
-        vllm_ir.ops.swigluoai_and_mul,
-        vllm_ir.ops.gelu_and_mul_sparse,
-        vllm_ir.ops.gelu_new,
-        vllm_ir.ops.gelu_fast,
-        vllm_ir.ops.quick_gelu,
-        vllm_ir.ops.relu2,
-    ):
-        _op.register_unsupported(PROVIDER, SUPPORTED)
+for _name, _activation in (("gelu_new", "GELU_NEW"), ("gelu_fast", "GELU_FAST"), ("quick_gelu", "QUICK_GELU")):
+    _elementwise(_name, _activation)
+_elementwise("relu2", "RELU2", exact=True)

@@ -22,10 +22,9 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import SUPPORTED
+from vllm_ir_provider_triton import TRITON
 from vllm_ir_provider_triton.ops.quant import _rows_stride, x_rows_verdict
 
-PROVIDER = "triton"
 #: Mirrors kernels/fused_quant.py (importing it needs Triton, predicates must not).
 MAX_TILE = 65536
 _STATIC, _PER_TOKEN, _GROUP = 0, 1, 2
@@ -91,26 +90,15 @@ def _gated(x: Tensor) -> vllm_ir.Unsupported | None:
     return None
 
 
-def static_supports(
-    x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-) -> bool | vllm_ir.Unsupported:
-    return _first(_common(x, None, weight, fp8_dtype), _static_scale(x, scale))
-
-
-def add_static_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-) -> bool | vllm_ir.Unsupported:
+def add_static_supports(x, x_residual, weight, scale, fp8_dtype) -> bool | vllm_ir.Unsupported:
     return _first(_common(x, x_residual, weight, fp8_dtype), _static_scale(x, scale))
 
 
-def dynamic_supports(
-    x: Tensor,
-    x_residual: Tensor | None,
-    weight: Tensor | None,
-    epsilon: float,
-    fp8_dtype: torch.dtype,
-    scale_ub: Tensor | None = None,
-) -> bool | vllm_ir.Unsupported:
+def static_supports(x, weight, scale, fp8_dtype) -> bool | vllm_ir.Unsupported:
+    return add_static_supports(x, None, weight, scale, fp8_dtype)
+
+
+def dynamic_supports(x, x_residual, weight, fp8_dtype, scale_ub) -> bool | vllm_ir.Unsupported:
     verdict = _common(x, x_residual, weight, fp8_dtype)
     if verdict is None and scale_ub is not None:
         if scale_ub.dtype != torch.float32 or scale_ub.device != x.device or scale_ub.numel() != 1:
@@ -123,29 +111,18 @@ def dynamic_supports(
     return _first(verdict)
 
 
-def group_supports(
-    x: Tensor,
-    x_residual: Tensor | None,
-    weight: Tensor | None,
-    epsilon: float,
-    group_size: int,
-    column_major: bool,
-    use_ue8m0: bool,
-    fp8_dtype: torch.dtype,
-) -> bool | vllm_ir.Unsupported:
+def group_supports(x, x_residual, weight, group_size, column_major, fp8_dtype) -> bool | vllm_ir.Unsupported:
     verdict = _common(x, x_residual, weight, fp8_dtype, group_size)
     if verdict is None and column_major and x.dim() < 2:
         verdict = vllm_ir.Unsupported("column_major scales of a 1-D x (native raises)")
     return _first(verdict)
 
 
-def silu_static_supports(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
+def silu_static_supports(x, scale, fp8_dtype) -> bool | vllm_ir.Unsupported:
     return _first(_gated(x), _common(x, None, None, fp8_dtype), _static_scale(x, scale))
 
 
-def silu_group_supports(
-    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
-) -> bool | vllm_ir.Unsupported:
+def silu_group_supports(x, group_size, column_major, fp8_dtype) -> bool | vllm_ir.Unsupported:
     verdict = _gated(x)
     if verdict is None:
         verdict = _common(x, None, None, fp8_dtype, group_size)
@@ -163,110 +140,77 @@ def _group_scales(shape: tuple[int, ...], group_size: int, column_major: bool, d
     return torch.empty((*shape[:-1], groups), dtype=torch.float32, device=device)
 
 
-_OPS = (
-    vllm_ir.ops.rms_norm_static_fp8_quant,
-    vllm_ir.ops.fused_add_rms_norm_static_fp8_quant,
-    vllm_ir.ops.rms_norm_dynamic_per_token_fp8_quant,
-    vllm_ir.ops.rms_norm_group_fp8_quant,
-    vllm_ir.ops.silu_and_mul_static_fp8_quant,
-    vllm_ir.ops.silu_and_mul_group_fp8_quant,
-)
-
-if SUPPORTED:
+if TRITON.available:
     from vllm_ir_provider_triton.kernels.fused_quant import rms_norm_fp8_quant_out, silu_and_mul_fp8_quant_out
 
-    def _norm(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        fp8_dtype: torch.dtype,
-        quant: int,
-        *,
-        scale: Tensor | None = None,
-        scale_ub: Tensor | None = None,
-        group: tuple[int, bool, bool] = (1, False, False),
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-        residual = None if x_residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        group_size, column_major, use_ue8m0 = group
-        scales = None
-        if quant == _PER_TOKEN:
-            scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
-        elif quant == _GROUP:
-            scales = _group_scales(tuple(x.shape), group_size, column_major, x.device)
-        rms_norm_fp8_quant_out(
-            q, scales, residual, x, x_residual, weight, float(epsilon), scale, scale_ub, quant, group_size,
-            use_ue8m0, fp8_dtype,
-        )  # fmt: skip
-        return q.view(fp8_dtype), scales, residual
 
-    _options = {"batch_invariant": True}
+def _norm(
+    x: Tensor,
+    x_residual: Tensor | None,
+    weight: Tensor | None,
+    epsilon: float,
+    fp8_dtype: torch.dtype,
+    quant: int,
+    *,
+    scale: Tensor | None = None,
+    scale_ub: Tensor | None = None,
+    group: tuple[int, bool, bool] = (1, False, False),
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    residual = None if x_residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    group_size, column_major, use_ue8m0 = group
+    scales = None
+    if quant == _PER_TOKEN:
+        scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    elif quant == _GROUP:
+        scales = _group_scales(tuple(x.shape), group_size, column_major, x.device)
+    rms_norm_fp8_quant_out(
+        q, scales, residual, x, x_residual, weight, float(epsilon), scale, scale_ub, quant, group_size,
+        use_ue8m0, fp8_dtype,
+    )  # fmt: skip
+    return q.view(fp8_dtype), scales, residual
 
-    @vllm_ir.ops.rms_norm_static_fp8_quant.register_impl(PROVIDER, supports_args=static_supports, **_options)
-    def rms_norm_static_fp8_quant(
-        x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-    ) -> Tensor:
-        return _norm(x, None, weight, epsilon, fp8_dtype, _STATIC, scale=scale)[0]
 
-    @vllm_ir.ops.fused_add_rms_norm_static_fp8_quant.register_impl(
-        PROVIDER, supports_args=add_static_supports, **_options
-    )
-    def fused_add_rms_norm_static_fp8_quant(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        q, _, residual = _norm(x, x_residual, weight, epsilon, fp8_dtype, _STATIC, scale=scale)
-        return q, residual
+def _check_group_size(op: str, group_size: int) -> None:
+    if group_size < 1:
+        raise ValueError(f"{op} (provider triton): group_size must be >= 1, got {group_size}")
 
-    @vllm_ir.ops.rms_norm_dynamic_per_token_fp8_quant.register_impl(
-        PROVIDER, supports_args=dynamic_supports, **_options
-    )
-    def rms_norm_dynamic_per_token_fp8_quant(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        fp8_dtype: torch.dtype,
-        scale_ub: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        return _norm(x, x_residual, weight, epsilon, fp8_dtype, _PER_TOKEN, scale_ub=scale_ub)
 
-    @vllm_ir.ops.rms_norm_group_fp8_quant.register_impl(PROVIDER, supports_args=group_supports, **_options)
-    def rms_norm_group_fp8_quant(
-        x: Tensor,
-        x_residual: Tensor | None,
-        weight: Tensor | None,
-        epsilon: float,
-        group_size: int,
-        column_major: bool,
-        use_ue8m0: bool,
-        fp8_dtype: torch.dtype,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        if group_size < 1:
-            raise ValueError(f"rms_norm_group_fp8_quant (provider triton): group_size must be >= 1, got {group_size}")
-        group = (group_size, column_major, use_ue8m0)
-        return _norm(x, x_residual, weight, epsilon, fp8_dtype, _GROUP, group=group)
+@TRITON.impl("rms_norm_static_fp8_quant", supports=static_supports)
+def rms_norm_static_fp8_quant(x, weight, epsilon, scale, fp8_dtype):
+    return _norm(x, None, weight, epsilon, fp8_dtype, _STATIC, scale=scale)[0]
 
-    @vllm_ir.ops.silu_and_mul_static_fp8_quant.register_impl(PROVIDER, supports_args=silu_static_supports, **_options)
-    def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
-        q = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8, device=x.device)
-        silu_and_mul_fp8_quant_out(q, None, x, scale, _STATIC, 1, False, fp8_dtype)
-        return q.view(fp8_dtype)
 
-    @vllm_ir.ops.silu_and_mul_group_fp8_quant.register_impl(PROVIDER, supports_args=silu_group_supports, **_options)
-    def silu_and_mul_group_fp8_quant(
-        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        if group_size < 1:
-            raise ValueError(
-                f"silu_and_mul_group_fp8_quant (provider triton): group_size must be >= 1, got {group_size}"
-            )
-        shape = (*x.shape[:-1], x.shape[-1] // 2)
-        q = torch.empty(shape, dtype=torch.uint8, device=x.device)
-        scales = _group_scales(shape, group_size, column_major, x.device)
-        silu_and_mul_fp8_quant_out(q, scales, x, None, _GROUP, group_size, use_ue8m0, fp8_dtype)
-        return q.view(fp8_dtype), scales
+@TRITON.impl("fused_add_rms_norm_static_fp8_quant", supports=add_static_supports)
+def fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, fp8_dtype):
+    q, _, residual = _norm(x, x_residual, weight, epsilon, fp8_dtype, _STATIC, scale=scale)
+    return q, residual
 
-else:
-    for _op in _OPS:
-        _op.register_unsupported(PROVIDER, SUPPORTED)
+
+@TRITON.impl("rms_norm_dynamic_per_token_fp8_quant", supports=dynamic_supports)
+def rms_norm_dynamic_per_token_fp8_quant(x, x_residual, weight, epsilon, fp8_dtype, scale_ub=None):
+    return _norm(x, x_residual, weight, epsilon, fp8_dtype, _PER_TOKEN, scale_ub=scale_ub)
+
+
+@TRITON.impl("rms_norm_group_fp8_quant", supports=group_supports)
+def rms_norm_group_fp8_quant(x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype):
+    _check_group_size("rms_norm_group_fp8_quant", group_size)
+    group = (group_size, column_major, use_ue8m0)
+    return _norm(x, x_residual, weight, epsilon, fp8_dtype, _GROUP, group=group)
+
+
+@TRITON.impl("silu_and_mul_static_fp8_quant", supports=silu_static_supports)
+def silu_and_mul_static_fp8_quant(x, scale, fp8_dtype):
+    q = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8, device=x.device)
+    silu_and_mul_fp8_quant_out(q, None, x, scale, _STATIC, 1, False, fp8_dtype)
+    return q.view(fp8_dtype)
+
+
+@TRITON.impl("silu_and_mul_group_fp8_quant", supports=silu_group_supports)
+def silu_and_mul_group_fp8_quant(x, group_size, column_major, use_ue8m0, fp8_dtype):
+    _check_group_size("silu_and_mul_group_fp8_quant", group_size)
+    shape = (*x.shape[:-1], x.shape[-1] // 2)
+    q = torch.empty(shape, dtype=torch.uint8, device=x.device)
+    scales = _group_scales(shape, group_size, column_major, x.device)
+    silu_and_mul_fp8_quant_out(q, scales, x, None, _GROUP, group_size, use_ue8m0, fp8_dtype)
+    return q.view(fp8_dtype), scales

@@ -17,9 +17,8 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import SUPPORTED, interpreting
+from vllm_ir_provider_triton import TRITON, interpreting
 
-PROVIDER = "triton"
 #: Rows longer than this would not fit one program's registers on GPUs: declined.
 MAX_HIDDEN = 65536
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -49,13 +48,13 @@ def _common_checks(x: Tensor, weight: Tensor | None, variance_size: int | None) 
     return True
 
 
-def rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     return _common_checks(x, weight, variance_size)
 
 
 def fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-):
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
+) -> bool | vllm_ir.Unsupported:
     if x_residual.dtype != x.dtype:
         return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
     if x_residual.device != x.device:
@@ -69,22 +68,19 @@ def fused_add_rms_norm_supports(
     return _common_checks(x, weight, variance_size)
 
 
-if SUPPORTED:
+if TRITON.available:
     from vllm_ir_provider_triton.kernels.layernorm import fused_add_rms_norm_, rms_norm_out
 
-    @vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=rms_norm_supports)
-    def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        rms_norm_out(out, x, weight, epsilon)
-        return out
 
-    @vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supports_args=fused_add_rms_norm_supports, inplace=True)
-    def fused_add_rms_norm(
-        x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-    ) -> tuple[Tensor, Tensor]:
-        fused_add_rms_norm_(x, x_residual, weight, epsilon)
-        return x, x_residual
+# The norms make no batch-invariance claim: the provider's default is turned off for them.
+@TRITON.impl("rms_norm", supports=rms_norm_supports, batch_invariant=False)
+def rms_norm(x, weight, epsilon, variance_size=None):
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rms_norm_out(out, x, weight, epsilon)
+    return out
 
-else:
-    vllm_ir.ops.rms_norm.register_unsupported(PROVIDER, SUPPORTED)
-    vllm_ir.ops.fused_add_rms_norm.register_unsupported(PROVIDER, SUPPORTED, inplace=True)
+
+@TRITON.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports, inplace=True, batch_invariant=False)
+def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
+    fused_add_rms_norm_(x, x_residual, weight, epsilon)
+    return x, x_residual

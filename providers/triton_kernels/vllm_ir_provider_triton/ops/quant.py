@@ -24,9 +24,8 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import SUPPORTED, interpreting
+from vllm_ir_provider_triton import TRITON, interpreting
 
-PROVIDER = "triton"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 #: Mirrors kernels/quant.py (importing it needs Triton, predicates must not).
@@ -84,7 +83,7 @@ def _same_device(x: Tensor, name: str, t: Tensor) -> bool | vllm_ir.Unsupported:
 
 
 def static_supports(
-    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
+    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
 ) -> bool | vllm_ir.Unsupported:
     verdict = _common(x, fp8_dtype, num_token_padding) and _same_device(x, "scale", scale)
     if not verdict:
@@ -105,11 +104,7 @@ def static_supports(
 
 
 def dynamic_supports(
-    x: Tensor,
-    per_token: bool,
-    fp8_dtype: torch.dtype,
-    scale_ub: Tensor | None = None,
-    num_token_padding: int | None = None,
+    x: Tensor, per_token: bool, fp8_dtype: torch.dtype, scale_ub: Tensor | None, num_token_padding: int | None
 ) -> bool | vllm_ir.Unsupported:
     verdict = _common(x, fp8_dtype, num_token_padding)
     if not verdict:
@@ -128,7 +123,7 @@ def dynamic_supports(
 
 
 def group_supports(
-    x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
+    x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch.dtype
 ) -> bool | vllm_ir.Unsupported:
     verdict = _common(x, fp8_dtype)
     if not verdict:
@@ -192,50 +187,39 @@ def _q_bytes(x: Tensor, num_token_padding: int | None = None) -> Tensor:
     return torch.empty(shape, dtype=torch.uint8, device=x.device)
 
 
-if SUPPORTED:
+if TRITON.available:
     from vllm_ir_provider_triton.kernels.quant import dynamic_quant_fp8_out, group_quant_fp8_out, static_quant_fp8_out
 
-    @vllm_ir.ops.static_quant_fp8.register_impl(PROVIDER, supports_args=static_supports, batch_invariant=True)
-    def static_quant_fp8(
-        x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None
-    ) -> Tensor:
-        q = _q_bytes(x, num_token_padding)
-        scale2d, group_r, group_c = scale_plan(x, scale)
-        static_quant_fp8_out(q, x, scale2d, group_r, group_c, fp8_dtype)
-        return q.view(fp8_dtype)
 
-    @vllm_ir.ops.dynamic_quant_fp8.register_impl(PROVIDER, supports_args=dynamic_supports, batch_invariant=True)
-    def dynamic_quant_fp8(
-        x: Tensor,
-        per_token: bool,
-        fp8_dtype: torch.dtype,
-        scale_ub: Tensor | None = None,
-        num_token_padding: int | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        q = _q_bytes(x, num_token_padding)
-        shape = (*x.shape[:-1], 1) if per_token else (1,)
-        scale = torch.empty(shape, dtype=torch.float32, device=x.device)
-        dynamic_quant_fp8_out(q, scale, x, scale_ub, per_token, fp8_dtype)
-        return q.view(fp8_dtype), scale
+@TRITON.impl("static_quant_fp8", supports=static_supports)
+def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
+    q = _q_bytes(x, num_token_padding)
+    scale2d, group_r, group_c = scale_plan(x, scale)
+    static_quant_fp8_out(q, x, scale2d, group_r, group_c, fp8_dtype)
+    return q.view(fp8_dtype)
 
-    @vllm_ir.ops.dynamic_group_quant_fp8.register_impl(PROVIDER, supports_args=group_supports, batch_invariant=True)
-    def dynamic_group_quant_fp8(
-        x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        if not 1 <= group_size <= MAX_GROUP:
-            raise ValueError(
-                f"dynamic_group_quant_fp8 (provider triton): group_size must be in [1, {MAX_GROUP}], got {group_size}"
-            )
-        q = _q_bytes(x)
-        groups = -(-x.shape[-1] // group_size)
-        if column_major:  # the last two dimensions transposed in memory: strides (1, M) for 2-D x
-            scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
-            scales = scales.transpose(-2, -1)
-        else:
-            scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
-        group_quant_fp8_out(q, scales, x, group_size, use_ue8m0, fp8_dtype)
-        return q.view(fp8_dtype), scales
 
-else:
-    for _op in (vllm_ir.ops.static_quant_fp8, vllm_ir.ops.dynamic_quant_fp8, vllm_ir.ops.dynamic_group_quant_fp8):
-        _op.register_unsupported(PROVIDER, SUPPORTED)
+@TRITON.impl("dynamic_quant_fp8", supports=dynamic_supports)
+def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
+    q = _q_bytes(x, num_token_padding)
+    shape = (*x.shape[:-1], 1) if per_token else (1,)
+    scale = torch.empty(shape, dtype=torch.float32, device=x.device)
+    dynamic_quant_fp8_out(q, scale, x, scale_ub, per_token, fp8_dtype)
+    return q.view(fp8_dtype), scale
+
+
+@TRITON.impl("dynamic_group_quant_fp8", supports=group_supports)
+def dynamic_group_quant_fp8(x, group_size, column_major, use_ue8m0, fp8_dtype):
+    if not 1 <= group_size <= MAX_GROUP:
+        raise ValueError(
+            f"dynamic_group_quant_fp8 (provider triton): group_size must be in [1, {MAX_GROUP}], got {group_size}"
+        )
+    q = _q_bytes(x)
+    groups = -(-x.shape[-1] // group_size)
+    if column_major:  # the last two dimensions transposed in memory: strides (1, M) for 2-D x
+        scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
+        scales = scales.transpose(-2, -1)
+    else:
+        scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+    group_quant_fp8_out(q, scales, x, group_size, use_ue8m0, fp8_dtype)
+    return q.view(fp8_dtype), scales

@@ -14,22 +14,15 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import SUPPORTED, interpreting
+from vllm_ir_provider_triton import TRITON, interpreting
 
-PROVIDER = "triton"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Channel pairs one program rotates at most (its registers on GPUs).
 MAX_ROTARY_DIM = 4096
 
 
 def rotary_embedding_supports(
-    positions: Tensor,
-    query: Tensor,
-    key: Tensor | None,
-    head_size: int,
-    cos_sin_cache: Tensor,
-    is_neox_style: bool,
-    rotary_dim: int | None = None,
+    positions: Tensor, query: Tensor, key: Tensor | None, head_size: int, cos_sin_cache: Tensor, rotary_dim: int | None
 ) -> bool | vllm_ir.Unsupported:
     if query.dtype not in _DTYPES:
         return vllm_ir.Unsupported(f"dtype {query.dtype} is not one of float32, float16, bfloat16")
@@ -67,24 +60,12 @@ def rotary_embedding_supports(
     return True
 
 
-if SUPPORTED:
+if TRITON.available:
     from vllm_ir_provider_triton.kernels.rotary import rotary_embedding_
 
-    @vllm_ir.ops.rotary_embedding.register_impl(
-        PROVIDER, supports_args=rotary_embedding_supports, inplace=True, batch_invariant=True
-    )
-    def rotary_embedding(
-        positions: Tensor,
-        query: Tensor,
-        key: Tensor | None,
-        head_size: int,
-        cos_sin_cache: Tensor,
-        is_neox_style: bool,
-        rotary_dim: int | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        rot = cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim
-        rotary_embedding_(positions, query, key, head_size, cos_sin_cache, is_neox_style, rot)
-        return query, key
 
-else:
-    vllm_ir.ops.rotary_embedding.register_unsupported(PROVIDER, SUPPORTED, inplace=True)
+@TRITON.impl("rotary_embedding", supports=rotary_embedding_supports, inplace=True)
+def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style, rotary_dim=None):
+    rot = cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim
+    rotary_embedding_(positions, query, key, head_size, cos_sin_cache, is_neox_style, rot)
+    return query, key
