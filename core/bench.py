@@ -718,6 +718,19 @@ def detail_figure(report: dict[str, Any]) -> Any:
                 linewidth=1.3,
             )
             bars.lines[0].set_gid(f"provider:{provider}")
+            off_cpu = [r for r in points if r.get("descheduled")]
+            if off_cpu:  # hollow: most rounds were descheduled, the time is partly the scheduler's
+                ax.plot(
+                    [r["tokens"] for r in off_cpu],
+                    [r["gbps"] for r in off_cpu],
+                    linestyle="none",
+                    marker="o",
+                    markersize=6,
+                    markerfacecolor="white",
+                    color=provider_color(provider),
+                    gid="descheduled",
+                    zorder=4,
+                )
             shown.add(provider)
             for r, b in zip(points, moved, strict=True):
                 if llc and b > llc:
@@ -738,7 +751,7 @@ def detail_figure(report: dict[str, Any]) -> Any:
             ax.axvspan(
                 xs[0] / 1.4,
                 math.sqrt(right * edge[edge.index(right) + 1]) if right != xs[-1] else right * 1.4,
-                color="#f3e9c6",
+                color="#f6f0dc",
                 linewidth=0,
                 zorder=0,
             )
@@ -760,7 +773,11 @@ def detail_figure(report: dict[str, Any]) -> Any:
         )
     else:
         cache = "Last-level cache size unknown: the share of the copy_ bandwidth is not shown, bandwidth alone."
-    fig.supxlabel(f"Error bars: interquartile range over {report.get('rounds', 1)} rounds. {cache}", fontsize=8)
+    fig.supxlabel(
+        f"Error bars: interquartile range over {report.get('rounds', 1)} rounds; hollow: most rounds were "
+        f"descheduled, the figure is partly the scheduler's.\n{cache}",
+        fontsize=8,
+    )
     return fig
 
 

@@ -176,6 +176,9 @@ def test_a_speed_up_that_noise_could_explain_is_hatched_and_a_wide_figure_marked
     assert hatched_cells(heat_map) == [(0.0, 0.0), (2.0, 0.0)]  # (column, row): 1 and 64 tokens
     assert {"1.11x", "2.50x!", "2.50x"} <= {t.get_text() for t in heat_map.texts}
     assert "Hatched: faster or slower than native cannot be told" in summary.get_supxlabel()
+    (detail,) = bench.figures(report(rows), detail=True)[1:]
+    hollow = detail.findobj(lambda a: a.get_gid() == "descheduled")
+    assert [list(line.get_xdata()) for line in hollow] == [[64]]  # the per-op panel draws it hollow
 
 
 @needs_matplotlib
