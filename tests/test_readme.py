@@ -1,6 +1,8 @@
-"""README.md stays true: every code block is checked, and the install commands name real distributions and extras.
+"""README.md and the manual (docs/*.md) stay true: every code block is checked, the install
+commands name real distributions and extras, and the generated references are current.
 
-Every fenced block carries an info string, and each kind is checked its own way:
+Every fenced block of every one of those files carries an info string, and each kind is
+checked its own way (a test id names the file and the block's first line, ``docs/cli.md:12``):
 
 - ```python: runs, each block in a fresh interpreter (its registrations and priorities cannot
   leak into another), from an empty folder, with no VLLM_IR_* variable set. A block that needs
@@ -18,7 +20,11 @@ Every fenced block carries an info string, and each kind is checked its own way:
   concrete command line is parsed whole; a synopsis with ``[...]`` has its option names checked;
   nothing is run); every ``benchmarks/``, ``scripts/`` or ``examples/`` path exists; every
   ``--vllm-ir-*`` option of ``pytest`` is one the conformance kit registers.
-- ```text: shown as is (a directory layout).
+- ```text: shown as is (a directory layout, an output).
+
+The settings and CLI references in docs/ are generated (``scripts/gen_reference.py``) from
+`vllm_ir.env.VARIABLES`, the config loader's keys and the argparse parsers; a test fails when
+the checked-in text differs from what the generator writes now.
 """
 
 from __future__ import annotations
@@ -44,8 +50,10 @@ import vllm_ir
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+#: Every file whose blocks are checked: the README, then the manual.
+DOCS: tuple[Path, ...] = (README, *sorted((REPO / "docs").glob("*.md")))
 _FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
-#: The info strings a README block may carry (see the module docstring).
+#: The info strings a block may carry (see the module docstring).
 INFO_STRINGS = ("python", "python no-run", "toml", "bash", "text")
 _NEEDS = re.compile(r"^\s*#\s*needs:\s*(.+)$", re.M)
 
@@ -80,24 +88,38 @@ def missing(code: str) -> list[str]:
     return out
 
 
-_BLOCKS = python_blocks(README.read_text())
+def _name(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
 
 
-def test_the_readme_has_python_blocks():
-    assert _BLOCKS
+def blocks_of(info: str) -> list[tuple[str, int, str]]:
+    """(file, line, code) of every block tagged exactly ``info`` in README.md and docs/*.md."""
+    return [(_name(path), line, code) for path in DOCS for line, code in python_blocks(path.read_text(), info)]
 
 
-@pytest.mark.parametrize(("line", "code"), _BLOCKS, ids=[f"README.md:{line}" for line, _ in _BLOCKS])
+def _ids(found: list[tuple[str, int, str]]) -> list[str]:
+    return [f"{where}:{line}" for where, line, _ in found]
+
+
+_BLOCKS = blocks_of("python")
+
+
+def test_the_docs_exist_and_the_readme_has_python_blocks():
+    assert len(DOCS) > 1, "the manual lives in docs/*.md"
+    assert python_blocks(README.read_text())
+
+
+@pytest.mark.parametrize(("where", "line", "code"), _BLOCKS, ids=_ids(_BLOCKS))
 @pytest.mark.subprocess
-def test_python_block_runs(line, code, tmp_path):
+def test_python_block_runs(where, line, code, tmp_path):
     lacking = missing(code)
     if lacking:
-        pytest.skip(f"README.md:{line} needs {', '.join(lacking)}")
+        pytest.skip(f"{where}:{line} needs {', '.join(lacking)}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_IR_", "VLLM_BATCH"))}
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
     )
-    assert result.returncode == 0, f"README.md:{line} failed:\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{where}:{line} failed:\n{result.stderr[-3000:]}"
 
 
 def _declared_extras(distribution: str) -> dict[str, list[str]] | None:
@@ -118,36 +140,92 @@ def test_triton_declares_the_interpreter_extra():
     assert any(re.match(r"numpy\b", requirement) for requirement in extras["interpret"])
 
 
-def test_readme_install_commands_name_our_distributions_and_extras():
-    text = README.read_text()
-    named = re.findall(r"pip install [\"']?(vllm-ir[a-z0-9-]*)(?:\[([a-z0-9_,-]+)\])?", text)
-    assert named
-    for distribution, extras in named:
-        declared = _declared_extras(distribution)
-        assert declared is not None, f"README installs {distribution}, which no pyproject.toml here builds"
-        for extra in filter(None, extras.split(",")):
-            assert extra in declared, f"README installs {distribution}[{extra}], which it does not declare"
-    assert "vllm-ir-provider-triton[interpret]" in text  # how to get Triton's interpreter working
+#: ``pip install`` options that take a value (the value is not a distribution).
+_PIP_VALUED = {
+    "-f",
+    "--find-links",
+    "-e",
+    "--editable",
+    "-r",
+    "--requirement",
+    "-c",
+    "--constraint",
+    "-i",
+    "--index-url",
+}
+_OURS = re.compile(r"(vllm-ir[a-z0-9-]*)(?:\[([a-z0-9_,-]+)\])?(?:[<>=!~].*)?")
+
+
+def installed_distributions(text: str) -> list[tuple[str, str]]:
+    """(distribution, extras) of every ``vllm-ir*`` requirement a ``pip install`` line of ``text`` names."""
+    named = []
+    for match in re.finditer(r"pip install ([^\n#`]*)", text):
+        try:
+            words = shlex.split(match.group(1))
+        except ValueError:  # prose with an apostrophe
+            words = match.group(1).split()
+        skip = False
+        for word in words:
+            if skip:
+                skip = False
+            elif word in _PIP_VALUED:
+                skip = True
+            elif not word.startswith("-"):
+                found = _OURS.fullmatch(word)
+                if found:
+                    named.append((found.group(1), found.group(2) or ""))
+    return named
+
+
+def test_install_commands_name_our_distributions_and_extras():
+    every = []
+    for path in DOCS:
+        for distribution, extras in installed_distributions(path.read_text()):
+            every.append(distribution)
+            declared = _declared_extras(distribution)
+            where = _name(path)
+            assert declared is not None, f"{where} installs {distribution}, which no pyproject.toml here builds"
+            for extra in filter(None, extras.split(",")):
+                assert extra in declared, f"{where} installs {distribution}[{extra}], which it does not declare"
+    assert "vllm-ir" in every and any(d.startswith("vllm-ir-provider-") for d in every)
+    assert "vllm-ir-provider-triton[interpret]" in "\n".join(p.read_text() for p in DOCS)  # Triton's interpreter
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        (
+            "pip install --find-links dist vllm-ir vllm-ir-provider-native",
+            [("vllm-ir", ""), ("vllm-ir-provider-native", "")],
+        ),
+        ('pip install "vllm-ir[transformers]"', [("vllm-ir", "transformers")]),
+        ("pip install --no-build-isolation -e providers/vllm_c", []),
+        ("pip install torch==2.13.0 vllm-ir-provider-vllm-c", [("vllm-ir-provider-vllm-c", "")]),
+    ],
+)
+def test_install_lines_are_read_word_by_word(line, named):
+    assert installed_distributions(line) == named
+
+
+def test_the_install_check_catches_a_distribution_we_do_not_build():
+    ((distribution, _),) = installed_distributions("pip install vllm-ir-provider-cuda")
+    assert _declared_extras(distribution) is None
 
 
 # ---------------------------------------------------------------------------------------
 # Every block has a known info string; the ones that cannot run are checked without running
 
 
-_ALL = blocks(README.read_text())
-
-
-def _ids(found: list[tuple[int, str]]) -> list[str]:
-    return [f"README.md:{line}" for line, _ in found]
+_ALL = [(_name(path), tag, line, code) for path in DOCS for tag, line, code in blocks(path.read_text())]
 
 
 def test_every_block_has_a_known_info_string():
-    untagged = [f"README.md:{line}: {tag or '(none)'}" for tag, line, _ in _ALL if tag not in INFO_STRINGS]
+    untagged = [f"{where}:{line}: {tag or '(none)'}" for where, tag, line, _ in _ALL if tag not in INFO_STRINGS]
     assert not untagged, f"tag these blocks with one of {INFO_STRINGS} (see this module's docstring): {untagged}"
-    assert {tag for tag, _, _ in _ALL} >= {"python", "python no-run", "toml", "bash"}
+    assert {tag for _, tag, _, _ in _ALL} >= {"python", "python no-run", "toml", "bash"}
 
 
-_NO_RUN = python_blocks(README.read_text(), "python no-run")
+_NO_RUN = blocks_of("python no-run")
 #: Roots whose attributes a no-run snippet may read without importing them (the README's own imports).
 _IMPLIED = ("vllm_ir", "torch")
 
@@ -215,13 +293,13 @@ def _resolve_chain(chain: list[str]) -> str | None:
     return None
 
 
-def test_the_readme_has_no_run_blocks():
+def test_the_docs_have_no_run_blocks():
     assert _NO_RUN
 
 
-@pytest.mark.parametrize(("line", "code"), _NO_RUN, ids=_ids(_NO_RUN))
-def test_no_run_block_compiles_and_its_names_exist(line, code):
-    check_no_run(code, line)
+@pytest.mark.parametrize(("where", "line", "code"), _NO_RUN, ids=_ids(_NO_RUN))
+def test_no_run_block_compiles_and_its_names_exist(where, line, code):
+    check_no_run(code, line, where)
 
 
 @pytest.mark.parametrize(
@@ -239,35 +317,36 @@ def test_the_no_run_check_catches_wrong_names_and_syntax(code):
         check_no_run(code, 0)
 
 
-def check_no_run(code: str, line: int) -> None:
+def check_no_run(code: str, line: int, where: str = "README.md") -> None:
     """Compile ``code`` and resolve the names it imports and the vllm_ir/torch attributes it reads."""
-    tree = ast.parse(code, f"README.md:{line}")
-    compile(tree, f"README.md:{line}", "exec")
+    at = f"{where}:{line}"
+    tree = ast.parse(code, at)
+    compile(tree, at, "exec")
     modules = set(_IMPLIED)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                assert importlib.util.find_spec(alias.name) is not None, f"README.md:{line}: no module {alias.name}"
+                assert importlib.util.find_spec(alias.name) is not None, f"{at}: no module {alias.name}"
                 modules.add((alias.asname or alias.name).split(".")[0])
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and node.module, f"README.md:{line}: relative import"
-            assert importlib.util.find_spec(node.module) is not None, f"README.md:{line}: no module {node.module}"
+            assert node.level == 0 and node.module, f"{at}: relative import"
+            assert importlib.util.find_spec(node.module) is not None, f"{at}: no module {node.module}"
             for alias in node.names:
-                assert _has(node.module, alias.name), f"README.md:{line}: {node.module} has no {alias.name!r}"
+                assert _has(node.module, alias.name), f"{at}: {node.module} has no {alias.name!r}"
     for chain in _attribute_chains(tree):
         if chain[0] in modules and importlib.util.find_spec(chain[0]) is not None:
             missing_part = _resolve_chain(chain)
-            assert missing_part is None, f"README.md:{line}: {'.'.join(chain)}: {missing_part} does not exist"
+            assert missing_part is None, f"{at}: {'.'.join(chain)}: {missing_part} does not exist"
 
 
 # ---------------------------------------------------------------------------------------
 # ```toml: valid site config files, read by vllm-ir's own loader
 
-_TOML = python_blocks(README.read_text(), "toml")
+_TOML = blocks_of("toml")
 
 
-@pytest.mark.parametrize(("line", "code"), _TOML, ids=_ids(_TOML))
-def test_toml_block_is_a_valid_site_config(line, code, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("where", "line", "code"), _TOML, ids=_ids(_TOML))
+def test_toml_block_is_a_valid_site_config(where, line, code, tmp_path, monkeypatch):
     """Through ``VLLM_IR_CONFIG`` and ``vllm_ir.reload_env()``, which raises `ConfigError` on
     any problem of the file; provider names are checked against every discovered provider (a
     provider valid but absent here, e.g. vllm_c without its build, is not a problem)."""
@@ -280,8 +359,8 @@ def test_toml_block_is_a_valid_site_config(line, code, tmp_path, monkeypatch):
         vllm_ir.reload_env()
         site = config.current()
         assert site.path == str(path)
-        assert [f.message for f in site.findings if not f.here_only] == []
-        assert site.priority, "the block's [priority] tables were read"
+        assert [f.message for f in site.findings if not f.here_only] == [], f"{where}:{line}"
+        assert site.priority, f"{where}:{line}: the block's [priority] tables were read"
     finally:
         monkeypatch.delenv("VLLM_IR_CONFIG")
         config.reset()
@@ -305,7 +384,7 @@ def test_the_config_loader_rejects_what_the_toml_check_must_catch(tmp_path, monk
 # ---------------------------------------------------------------------------------------
 # ```bash: CLI verbs and options, files, the conformance kit's options (parsed, never run)
 
-_BASH = python_blocks(README.read_text(), "bash")
+_BASH = blocks_of("bash")
 #: ``vllm-ir`` as a command: at a line's start, after a backtick, ``&&``, ``;`` or ``|``.
 _COMMAND = re.compile(r"(?:^|`|&&|;|\|)\s*vllm-ir[ \t]+([^`#\n]*)", re.M)
 _PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|scripts|examples)/[\w./-]*\w)")
@@ -323,6 +402,8 @@ def _verb_parser(tokens: list[str]) -> tuple[argparse.ArgumentParser, list[str],
         if sub is None:
             return parser, verb, len(verb)
         word = tokens[len(verb)] if len(verb) < len(tokens) else None
+        if word not in sub.choices and not sub.required:  # `providers` alone is `providers list`
+            return parser, verb, len(verb)
         assert word in sub.choices, f"vllm-ir {' '.join(verb)}: {word!r} is not a verb; verbs: {sorted(sub.choices)}"
         verb.append(word)
         parser = sub.choices[word]
@@ -331,6 +412,8 @@ def _verb_parser(tokens: list[str]) -> tuple[argparse.ArgumentParser, list[str],
 def check_command(text: str) -> None:
     """``text`` (what follows ``vllm-ir``) names a verb, and its options are that verb's."""
     tokens = shlex.split(text.replace("\\|", "|"))
+    redirect = next((i for i, token in enumerate(tokens) if re.match(r"\d*[<>]", token)), None)
+    tokens = tokens[:redirect]  # `> doctor.json` is the shell's, not the verb's
     parser, verb, used = _verb_parser(tokens)
     rest = tokens[used:]
     if any(c in text for c in "[]|") or "..." in text:  # a synopsis: option names only
@@ -367,29 +450,33 @@ def _kit_options() -> set[str]:
     return names
 
 
-def test_the_readme_has_cli_commands():
-    assert sum(len(_COMMAND.findall(code)) for _, code in _BASH) >= 3
+def test_the_docs_have_cli_commands():
+    assert sum(len(_COMMAND.findall(code)) for _, _, code in _BASH) >= 3
 
 
-@pytest.mark.parametrize(("line", "code"), _BASH, ids=_ids(_BASH))
-def test_bash_block_names_real_verbs_options_and_files(line, code):
+@pytest.mark.parametrize(("where", "line", "code"), _BASH, ids=_ids(_BASH))
+def test_bash_block_names_real_verbs_options_and_files(where, line, code):
     joined = re.sub(r"\]\s*\n\s+(?=\[)", "] ", code)  # a synopsis continued on the next line
     for command in _COMMAND.findall(joined):
         try:
             check_command(command.strip())
         except AssertionError as exc:
-            raise AssertionError(f"README.md:{line}: {exc}") from None
+            raise AssertionError(f"{where}:{line}: {exc}") from None
     for path in _PATH.findall(code):
-        assert (REPO / path).exists(), f"README.md:{line}: {path} does not exist"
+        assert (REPO / path).exists(), f"{where}:{line}: {path} does not exist"
     if re.search(r"(?:^|\s)pytest\s", code):
         unknown = set(_KIT_OPTION.findall(code)) - _kit_options()
-        assert not unknown, f"README.md:{line}: the conformance kit has no option {sorted(unknown)}"
+        assert not unknown, f"{where}:{line}: the conformance kit has no option {sorted(unknown)}"
 
 
 @pytest.mark.parametrize(
     ("command", "ok"),
     [
         ("providers list --json", True),
+        ("providers", True),
+        ("doctor --json > doctor.json 2>&1", True),
+        ("providers --wide", True),
+        ("providers lst", False),
         ("bench --quick --plot bench.png", True),
         ("bench [OP ...] [--providers a,b] [--emit-priority]", True),
         ("bench --json", False),  # bench's --json takes FILE
@@ -406,9 +493,9 @@ def test_the_command_check_catches_wrong_verbs_and_options(command, ok):
             check_command(command)
 
 
-def test_readme_says_which_verbs_take_json_and_how():
+def test_the_cli_reference_says_which_verbs_take_json_and_how():
     """``--json`` alone (JSON on stdout) for the verbs whose parser takes it as a flag; ``bench
-    --json FILE``: the CLI section's sentence names each verb the way its parser takes it."""
+    --json FILE``: docs/cli.md's sentence names each verb the way its parser takes it."""
     from vllm_ir import cli
 
     flag, with_file = set(), set()
@@ -419,9 +506,58 @@ def test_readme_says_which_verbs_take_json_and_how():
         for verb, leaf in leaves.items():
             action = leaf._option_string_actions["--json"]
             (flag if action.nargs == 0 else with_file).add(verb)
-    text = README.read_text()
+    text = (REPO / "docs" / "cli.md").read_text()
     sentence = re.search(r"\n`vllm-ir` \(or `python -m vllm_ir`\)\. (.*?) take `--json`\n", text)
-    assert sentence, "README's CLI section says which verbs take --json"
+    assert sentence, "docs/cli.md says which verbs take --json"
     assert set(re.findall(r"`([a-z ]+)`", sentence.group(1))) == flag
     for verb in with_file:
         assert f"`{verb}` takes `--json FILE`" in text
+
+
+# ---------------------------------------------------------------------------------------
+# The generated references (docs/settings.md, docs/cli.md) are what the code makes now
+
+
+def _generator() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_reference", REPO / "scripts" / "gen_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_references_are_current():
+    gen = _generator()
+    assert gen.stale() == [], f"regenerate them: {gen.COMMAND}"
+
+
+def test_the_generated_references_cover_every_variable_key_and_option():
+    from vllm_ir import cli, config, env
+
+    text = "\n".join((REPO / file).read_text() for file in _generator().SECTIONS)
+    for name in env.VARIABLES:
+        assert f"| `{name}` |" in text
+    for key in config.KEYS:
+        assert f"| `{key}` |" in text
+    for verb, parser in next(
+        a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices.items():
+        assert f"`vllm-ir {verb}`" in text
+        for option in parser._option_string_actions:
+            if option not in ("-h", "--help"):
+                assert f"`{option}`" in text, f"vllm-ir {verb} {option}"
+
+
+def test_a_new_variable_makes_the_references_stale(monkeypatch):
+    from vllm_ir import env
+
+    monkeypatch.setitem(env.VARIABLES, "VLLM_IR_NOT_DOCUMENTED", "a boolean")
+    assert _generator().stale() == ["docs/settings.md"]
+
+
+def test_a_config_key_without_a_description_is_an_error(monkeypatch):
+    from vllm_ir import config
+
+    monkeypatch.setattr(config, "KEYS", (*config.KEYS, "not_described"))
+    with pytest.raises(SystemExit, match="not_described"):
+        _generator().config_keys()
