@@ -1005,8 +1005,8 @@ def _bench_parser(sub: Any) -> None:
         metavar="FILE.png",
         default=None,
         help="one summary figure: a heat map of ops x token counts, colour = speed-up over native of the "
-        "dispatcher's choice and of the fastest provider, hatched where within noise (needs matplotlib); "
-        "with --model: step times",
+        "dispatcher's choice (the fastest provider named where it is another), hatched where noise could "
+        "explain it (needs matplotlib); with --model: step times",
     )
     bench.add_argument(
         "--plot-detail",
