@@ -30,6 +30,8 @@ loaded, batch invariance, compile facts...) and then registers each op's kernel 
   its declared function (`IrOp.register_fake` overrides it).
 - `import_families` is the family-discovery scan providers share: every public module of a
   package is imported in name order, so adding an op family is adding a file.
+- `weight_or_ones` stands in a ones vector for ``weight=None`` where a vendor norm always
+  multiplies by a weight.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from vllm_ir.ir.families import import_families
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
 from vllm_ir.ir.op import IrOp
 
-__all__ = ["INPLACE", "OPTIONS", "Provider", "adapt_predicate", "default_fakes", "import_families"]
+__all__ = ["INPLACE", "OPTIONS", "Provider", "adapt_predicate", "default_fakes", "import_families", "weight_or_ones"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -286,3 +288,19 @@ def default_fakes(namespace: str) -> list[str]:
 
 def _no_result(*args: object, **kwargs: object) -> None:
     return None
+
+
+def weight_or_ones(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """``weight``, or for None a ones vector of x's last dimension, dtype and device (for vendor
+    norms that always multiply by a weight): cached per (size, dtype, device), so calls do not
+    allocate it, except while tracing (fake tensors are never cached for real calls)."""
+    if weight is not None:
+        return weight
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+    return _ones(x.shape[-1], x.dtype, x.device)
+
+
+@functools.cache
+def _ones(hidden: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.ones(hidden, dtype=dtype, device=device)

@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import vllm_ir
 from vllm_ir import Provider, RegistrationError, Unsupported
-from vllm_ir.provider import adapt_predicate, default_fakes, import_families
+from vllm_ir.provider import adapt_predicate, default_fakes, import_families, weight_or_ones
 
 _count = iter(range(1_000_000))
 
@@ -227,6 +227,17 @@ def test_import_families_imports_public_modules_in_order(tmp_path, monkeypatch):
 
     modules = import_families("surface_families", surface_families.__path__)
     assert [m.NAME for m in modules] == ["a_family", "b_family"]
+
+
+def test_weight_or_ones_stands_in_a_cached_ones_vector_but_never_caches_a_fake():
+    x, w = torch.randn(3, 8, dtype=torch.bfloat16), torch.rand(8, dtype=torch.bfloat16)
+    assert weight_or_ones(x, w) is w
+    with FakeTensorMode() as mode:
+        fake = weight_or_ones(mode.from_tensor(x), None)
+    ones = weight_or_ones(x, None)
+    assert ones is not fake and type(ones) is torch.Tensor  # the traced call left no fake in the cache
+    assert torch.equal(ones, torch.ones(8, dtype=torch.bfloat16)) and weight_or_ones(x, None) is ones
+    assert weight_or_ones(x.float(), None).dtype == torch.float32
 
 
 def test_the_op_declarations_are_found_by_the_same_scan():

@@ -28,6 +28,8 @@ import functools
 import torch
 from torch import Tensor
 
+from vllm_ir.provider import weight_or_ones
+
 
 def _aiter():
     import aiter  # imported on first real call only: never at provider discovery
@@ -41,20 +43,10 @@ def has_function(name: str) -> bool:
     return callable(getattr(_aiter(), name, None))
 
 
-@functools.cache
-def _ones(hidden: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """AITER always multiplies by a weight: a cached ones vector stands for ``weight=None``."""
-    return torch.ones(hidden, dtype=dtype, device=device)
-
-
-def _weight(x: Tensor, weight: Tensor | None) -> Tensor:
-    return weight if weight is not None else _ones(x.shape[-1], x.dtype, x.device)
-
-
 @torch.library.custom_op("vllm_ir_aiter::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float) -> Tensor:
     rows = x.reshape(-1, x.shape[-1])  # a view: the predicate only admits inputs that flatten without a copy
-    return _aiter().rmsnorm2d_fwd(rows, _weight(x, weight), epsilon).view(x.shape)
+    return _aiter().rmsnorm2d_fwd(rows, weight_or_ones(x, weight), epsilon).view(x.shape)
 
 
 @rms_norm.register_fake
@@ -68,7 +60,7 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, epsil
     residual_rows = residual.reshape(-1, x.shape[-1])
     out = torch.empty_like(rows, memory_format=torch.contiguous_format)
     residual_out = torch.empty_like(residual_rows)
-    _aiter().rmsnorm2d_fwd_with_add(out, rows, residual_rows, residual_out, _weight(x, weight), epsilon)
+    _aiter().rmsnorm2d_fwd_with_add(out, rows, residual_rows, residual_out, weight_or_ones(x, weight), epsilon)
     return out.view(x.shape), residual_out.view(x.shape)
 
 

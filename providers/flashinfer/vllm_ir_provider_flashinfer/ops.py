@@ -10,12 +10,13 @@ collective, and every rank makes the same calls in the same order, as the ops re
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from vllm_ir.provider import weight_or_ones
 
 #: Token capacity of a first workspace (grown on demand; sized as vLLM sizes its default).
 MIN_TOKENS = 1024
@@ -63,12 +64,6 @@ def workspace(group_name: str, dtype: torch.dtype, hidden: int, tokens: int, dev
     return _WORKSPACES[key]
 
 
-@functools.cache
-def _ones(hidden: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The kernel always multiplies by gamma: a cached ones vector stands for ``weight=None``."""
-    return torch.ones(hidden, dtype=dtype, device=device)
-
-
 def _fused(
     x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float, group_name: str
 ) -> tuple[Tensor, Tensor]:
@@ -89,7 +84,7 @@ def _fused(
             residual_out=residual_out,
             norm_out=norm_out,
             residual_in=residual.reshape(-1, hidden),
-            rms_gamma=weight if weight is not None else _ones(hidden, x.dtype, x.device),
+            rms_gamma=weight_or_ones(x, weight),  # the kernel always multiplies by gamma
             rms_eps=epsilon,
             # The two-shot path splits tokens across ranks and asserts more tokens than ranks.
             use_oneshot=True if tokens <= ws.world_size else None,

@@ -30,6 +30,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
+from vllm_ir.provider import weight_or_ones
 
 __version__ = "0.1.0"
 PROVIDER = "oink"
@@ -136,16 +137,6 @@ def _vendor_ops():
     return torch.ops.oink
 
 
-@functools.cache
-def _ones(hidden: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Oink always multiplies by a weight: a cached ones vector stands for ``weight=None``."""
-    return torch.ones(hidden, dtype=dtype, device=device)
-
-
-def _weight(x: Tensor, weight: Tensor | None) -> Tensor:
-    return weight if weight is not None else _ones(x.shape[-1], x.dtype, x.device)
-
-
 SUPPORTED = availability()
 #: The registration surface: unavailable with `availability`'s reason.
 OINK = Provider(PROVIDER, available=SUPPORTED)
@@ -156,12 +147,14 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     if x.numel() == 0:
         return torch.empty_like(x)
     rows = x.view(-1, x.shape[-1])  # a view: the predicate admits only inputs that flatten without a copy
-    return _vendor_ops().rmsnorm(rows, _weight(x, weight), epsilon).view(x.shape)
+    return _vendor_ops().rmsnorm(rows, weight_or_ones(x, weight), epsilon).view(x.shape)
 
 
 @OINK.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports, inplace=True)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     if x.numel():
         hidden = x.shape[-1]
-        _vendor_ops().fused_add_rms_norm(x.view(-1, hidden), x_residual.view(-1, hidden), _weight(x, weight), epsilon)
+        _vendor_ops().fused_add_rms_norm(
+            x.view(-1, hidden), x_residual.view(-1, hidden), weight_or_ones(x, weight), epsilon
+        )
     return x, x_residual

@@ -21,7 +21,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
-from vllm_ir.provider import import_families
+from vllm_ir.provider import import_families, weight_or_ones
 
 __version__ = "0.1.0"
 PROVIDER = "xpu_kernels"
@@ -41,16 +41,6 @@ def _vendor_ops():
     import vllm_xpu_kernels._C  # noqa: F401  (registers torch.ops._C.*)
 
     return torch.ops._C
-
-
-@functools.cache
-def _ones(hidden: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The SYCL kernels always multiply by a weight: a cached ones vector stands for ``weight=None``."""
-    return torch.ones(hidden, dtype=dtype, device=device)
-
-
-def _weight(x: Tensor, weight: Tensor | None) -> Tensor:
-    return weight if weight is not None else _ones(x.shape[-1], x.dtype, x.device)
 
 
 def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
@@ -93,13 +83,13 @@ XPU = Provider(PROVIDER, available=SUPPORTED)
 @XPU.impl("rms_norm", supports=rms_norm_supports)
 def rms_norm(x, weight, epsilon, variance_size=None):
     out = torch.empty_like(x)
-    _vendor_ops().rms_norm(out, x, _weight(x, weight), epsilon)
+    _vendor_ops().rms_norm(out, x, weight_or_ones(x, weight), epsilon)
     return out
 
 
 @XPU.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports, inplace=True)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
-    _vendor_ops().fused_add_rms_norm(x, x_residual, _weight(x, weight), epsilon)
+    _vendor_ops().fused_add_rms_norm(x, x_residual, weight_or_ones(x, weight), epsilon)
     return x, x_residual
 
 
