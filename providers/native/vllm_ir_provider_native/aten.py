@@ -34,8 +34,11 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir import Provider
 
 PROVIDER = "aten"
+#: The registration surface (PyTorch is always there: always available).
+ATEN = Provider(PROVIDER)
 #: float64 is left to native, which computes it in float32 (see the module docstring).
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -65,7 +68,7 @@ def _x(x: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def _rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
+def _rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
     return _x(x) and _weight(x, weight)
@@ -92,15 +95,15 @@ def _weighted_by_x_dtype(x: Tensor, weight: Tensor | None) -> bool:
     return weight is not None and weight.dtype == x.dtype and x.dtype != torch.float32
 
 
-@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_supports)
-def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+@ATEN.impl("rms_norm", supports=_rms_norm_supports)
+def rms_norm(x, weight, epsilon, variance_size=None):
     y = _normed(x, weight, epsilon)
     return y.mul_(weight) if _weighted_by_x_dtype(x, weight) else y
 
 
 def _fused_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-):
+    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
+) -> bool | vllm_ir.Unsupported:
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
     if x.dtype != torch.float32 and x.dtype in DTYPES:
@@ -119,10 +122,8 @@ def _fused_supports(
     return _x(x) and _weight(x, weight)
 
 
-@vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supports_args=_fused_supports, inplace=True)
-def fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> tuple[Tensor, Tensor]:
+@ATEN.impl("fused_add_rms_norm", supports=_fused_supports, inplace=True)
+def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     if x.is_contiguous() and x_residual.is_contiguous():
         total = x_residual.add_(x)  # float32 (see _fused_supports): the sum is the new residual
         squares = torch.mul(total, total, out=x)  # x's values are in the sum: x holds the squares
@@ -158,5 +159,5 @@ def _gelu_tanh(x: Tensor) -> Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
-for _op in (vllm_ir.ops.gelu_new, vllm_ir.ops.gelu_fast):
-    _op.register_impl(PROVIDER, supports_args=_gelu_tanh_supports, batch_invariant=True)(_gelu_tanh)
+for _op in ("gelu_new", "gelu_fast"):
+    ATEN.register(_op, _gelu_tanh, supports=_gelu_tanh_supports, batch_invariant=True)

@@ -36,6 +36,8 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir import Provider
+from vllm_ir.ir.declarations.activation import ELEMENTWISE_OPS, GATED_OPS
 
 PROVIDER = "inductor"
 
@@ -54,6 +56,8 @@ def _availability() -> bool | vllm_ir.Unsupported:
 
 
 SUPPORTED = _availability()
+#: The registration surface: unavailable without a compiler for Inductor's back-end.
+INDUCTOR = Provider(PROVIDER, available=SUPPORTED)
 
 
 @functools.cache
@@ -118,58 +122,33 @@ def _not_float64(x: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def _rms_norm_supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None):
-    return _not_float64(x)
-
-
-def _fused_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-):
-    return _not_float64(x)
-
-
-@vllm_ir.ops.rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=_rms_norm_supports)
-def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
-    return _run("rms_norm", x, weight, epsilon, variance_size)
-
-
-@vllm_ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=SUPPORTED, supports_args=_fused_supports)
-def fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None
-) -> tuple[Tensor, Tensor]:
-    return _run("fused_add_rms_norm", x, x_residual, weight, epsilon, variance_size)
-
-
 def _gated_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
     if x.dim() == 0:
         return vllm_ir.Unsupported("x is 0-d (a gated activation splits the last dimension)")
     return _not_float64(x)
 
 
-def _register_activation(op: vllm_ir.IrOp, gated: bool) -> None:
-    """``op``'s native function compiled over rows (gated) or a flat view (elementwise)."""
+def _register(op: vllm_ir.IrOp, flatten: Callable[[Tensor], Tensor] | None = None, **options: Any) -> None:
+    """``op``'s native function compiled, over ``flatten(x)`` where given (shaped back to x's
+    leading dimensions), for all of the op's parameters (its own names and defaults)."""
+    name, gated = op.name, op in GATED_OPS
 
-    def run(x: Tensor, *params: Any) -> Tensor:
-        if gated:
-            out = _run(op.name, x.reshape(-1, x.shape[-1]), *params)
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-        return _run(op.name, x.reshape(-1), *params).reshape(x.shape)
+    def run(*args: Any) -> Any:
+        if flatten is None:
+            return _run(name, *args)
+        x = args[0]
+        out = _run(name, flatten(x), *args[1:])
+        return out.reshape(*x.shape[:-1], out.shape[-1]) if gated else out.reshape(x.shape)
 
-    def supports(x: Tensor, *params: Any) -> bool | vllm_ir.Unsupported:
-        return _gated_supports(x) if gated else _not_float64(x)
-
-    # The op's own parameters (names, defaults): what register_impl checks both against.
-    run.__signature__ = supports.__signature__ = inspect.signature(op.fn)
-    op.register_impl(PROVIDER, supported=SUPPORTED, supports_args=supports, batch_invariant=True)(run)
-
-
-def _register_activations() -> None:
-    from vllm_ir.ir.declarations.activation import ELEMENTWISE_OPS, GATED_OPS
-
-    for op in GATED_OPS:
-        _register_activation(op, gated=True)
-    for op in ELEMENTWISE_OPS:
-        _register_activation(op, gated=False)
+    run.__signature__ = inspect.signature(op.fn)  # type: ignore[attr-defined]
+    run.__name__ = run.__qualname__ = name
+    INDUCTOR.register(op, run, **options)
 
 
-_register_activations()
+for _op in (vllm_ir.ops.rms_norm, vllm_ir.ops.fused_add_rms_norm):
+    _register(_op, supports=_not_float64)
+# Activations over rows (gated) or one flat dimension (elementwise): one compile per dtype.
+for _op in GATED_OPS:
+    _register(_op, lambda x: x.reshape(-1, x.shape[-1]), supports=_gated_supports, batch_invariant=True)
+for _op in ELEMENTWISE_OPS:
+    _register(_op, lambda x: x.reshape(-1), supports=_not_float64, batch_invariant=True)
