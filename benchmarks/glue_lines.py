@@ -15,6 +15,8 @@ with plugin autoload off):
   and a call passing the op's parameters by name in order (two or more of them). An op whose
   parameter list is a single name (``x``) counts only defs named after the op (``supports_<op>``,
   ``<op>``, ``<op>_supports``...) or decorated with its ``register_impl``; calls are not counted.
+  Also per (op, provider): the spellings in that provider's glue, where 1 is its kernel binding
+  alone (every provider binds the op once, so the total grows with the providers).
 - **add-an-op**: the lines of glue + declaration one op costs in native (declaration), vllm_c
   and Triton, as the mean over each family's ops of (declaration file + vllm_c family file +
   Triton ``ops/`` family file) / ops in the family; Triton's ``kernels/`` and csrc are the kernel
@@ -172,6 +174,14 @@ def measure() -> dict:
     # The issue's own figure: rms_norm's annotated tail, as text, in glue and core.
     tail = "weight: Tensor | None, epsilon: float, variance_size: int | None = None"
     tail_count = sum(text.count(tail) for text, _ in parsed.values())
+    # Per (op, provider): the spellings in that provider's glue. The declaration spells the list
+    # once; each provider's kernel binding once more, so a provider restating nothing has 1.
+    by_provider = {}
+    for op in per_op:
+        for name, files in providers.items():
+            count = sum(found[p].get(op, 0) for p in files)
+            if count:
+                by_provider[f"{op} / {name}"] = count
     spell = [v["signature_spellings"] for v in per_op.values()]
     nfiles = [v["files"] for v in per_op.values()]
     return {
@@ -182,6 +192,9 @@ def measure() -> dict:
         "signature_spellings_total": sum(spell),
         "signature_spellings_max": max(spell),
         "ops_over_two_spellings": sorted(op for op, v in per_op.items() if v["signature_spellings"] > 2),
+        "spellings_per_provider_max": max(by_provider.values(), default=0),
+        "provider_ops_over_one_spelling": {k: n for k, n in sorted(by_provider.items()) if n > 1},
+        "provider_ops": len(by_provider),
         "files_per_op_mean": round(sum(nfiles) / len(nfiles), 2),
         "files_per_op_max": max(nfiles),
         "add_an_op": add_an_op,
@@ -206,10 +219,17 @@ def main() -> None:
         f"signature spellings outside tests and kernels: {m['signature_spellings_total']} in all, "
         f"max {m['signature_spellings_max']} per op; ops above 2: {len(m['ops_over_two_spellings'])}"
     )
+    over = m["provider_ops_over_one_spelling"]
+    print(
+        f"  per provider's glue: max {m['spellings_per_provider_max']} per op; "
+        f"{len(over)} of {m['provider_ops']} (op, provider) pairs above 1 (the kernel binding)"
+    )
     print(f"rms_norm's annotated parameter tail as text: {m['rms_norm_tail_text']}")
     if args.per_op:
         for op, v in m["ops"].items():
             print(f"  {op:<40} files {v['files']:>2}  spellings {v['signature_spellings']:>3}")
+        for pair, n in over.items():
+            print(f"  {pair:<60} {n} spellings in one provider")
     print("add-an-op (declaration + vllm_c + triton glue per op, by family):")
     for family, v in m["add_an_op"].items():
         print(f"  {family:<12} {v['ops']:>2} ops {v['lines']:>5} lines  {v['per_op']:>6} per op")
