@@ -561,3 +561,40 @@ def test_a_config_key_without_a_description_is_an_error(monkeypatch):
     monkeypatch.setattr(config, "KEYS", (*config.KEYS, "not_described"))
     with pytest.raises(SystemExit, match="not_described"):
         _generator().config_keys()
+
+
+# ---------------------------------------------------------------------------------------
+# Links between the files lead somewhere: the file exists, and so does the heading an anchor names
+
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped, spaces as -)."""
+    text = _FENCE.sub("", text)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def links(path: Path) -> list[str]:
+    return [target for target in _LINK.findall(_FENCE.sub("", path.read_text())) if not re.match(r"[a-z]+:", target)]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[_name(p) for p in DOCS])
+def test_links_lead_to_files_and_headings(path):
+    for target in links(path):
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists() and dest.parent == REPO / "docs" / "images":
+            continue  # a figure `vllm-ir bench --plot` draws, put there by hand: not checked here
+        assert dest.exists(), f"{_name(path)}: link {target}: {file} does not exist"
+        if anchor and dest.suffix == ".md":
+            assert anchor in anchors(dest.read_text()), f"{_name(path)}: link {target}: no heading #{anchor}"
+
+
+def test_the_link_check_reads_anchors_as_github_does():
+    assert anchors("## `vllm-ir bench`\n### What a call can rely on\n# GPU: NVIDIA H200\n") == {
+        "vllm-ir-bench",
+        "what-a-call-can-rely-on",
+        "gpu-nvidia-h200",
+    }
+    assert links(README) and all(not t.startswith("http") for t in links(README))
