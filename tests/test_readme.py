@@ -22,7 +22,8 @@ checked its own way (a test id names the file and the block's first line, ``docs
   ``--vllm-ir-*`` option of ``pytest`` is one the conformance kit registers.
 - ```text: shown as is (a directory layout, an output).
 
-The settings and CLI references in docs/ are generated (``scripts/gen_reference.py``) from
+Every relative link leads to a file, and an anchor to a heading of it. The settings and CLI
+references in docs/ are generated (``scripts/gen_reference.py``) from
 `vllm_ir.env.VARIABLES`, the config loader's keys and the argparse parsers; a test fails when
 the checked-in text differs from what the generator writes now.
 """
