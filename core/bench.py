@@ -336,6 +336,7 @@ def run(
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": str(dev),
         "last_level_cache_bytes": last_level_cache_bytes(dev),
+        "threads": torch.get_num_threads(),
         "copy_bandwidth_gbps": bandwidth.median,
         "copy_bandwidth_q1_gbps": bandwidth.q1,
         "copy_bandwidth_q3_gbps": bandwidth.q3,
@@ -527,11 +528,10 @@ class SpeedUp:
     provider: str | None
     #: Native's median time over the provider's; None when there is no pair to divide (see ``note``).
     ratio: float | None
-    #: Faster or slower cannot be told: the two interquartile ranges overlap, or a figure's
-    #: rounds were mostly descheduled (its time is the scheduler's, not the kernel's).
+    #: Noise could explain the ratio: the two interquartile ranges overlap (faster or slower
+    #: cannot be told), a figure stayed wider than `NOISE_LIMIT` after re-measuring, or its
+    #: rounds were mostly descheduled (its time is partly the scheduler's, not the kernel's).
     uncertain: bool = False
-    #: One of the two figures stayed wider than the noise limit after re-measuring.
-    flagged: bool = False
     note: str = ""
 
 
@@ -558,9 +558,9 @@ def _speed_up(provider: str | None, timed: dict[str, dict[str, Any]]) -> SpeedUp
         return SpeedUp(provider, None, note="not timed")
     if native is None:
         return SpeedUp(provider, None, note="no native")
-    uncertain = bool(r.get("descheduled") or native.get("descheduled"))
+    uncertain = any(x.get("noisy") or x.get("descheduled") for x in (r, native))
     uncertain |= provider != "native" and _overlap(r, native)
-    return SpeedUp(provider, native["median_us"] / r["median_us"], uncertain, bool(r["noisy"] or native["noisy"]))
+    return SpeedUp(provider, native["median_us"] / r["median_us"], uncertain)
 
 
 def speed_ups(report: dict[str, Any]) -> dict[tuple[str, str, int], HeatCell]:
@@ -588,6 +588,7 @@ def _title(report: dict[str, Any], what: str) -> str:
     machine = report.get("machine")
     if isinstance(machine, dict):
         cpus = f", {machine['cpus']} cpus" if machine.get("cpus") else ""
+        cpus += f", {report['threads']} threads" if report.get("threads") and machine.get("platform") == "cpu" else ""
         where = f"{machine.get('device')} ({machine.get('platform')}, {machine.get('isa')}{cpus})"
         versions = [f"vllm-ir {machine.get('vllm_ir')}", f"torch {machine.get('torch')}"]
         versions += [f"{p} {v}" for p, v in (machine.get("providers") or {}).items()]
@@ -626,7 +627,7 @@ def summary_figure(report: dict[str, Any]) -> Any:
             grid[i, j] = math.log2(chosen.ratio)
         strong = chosen.ratio is not None and abs(math.log2(chosen.ratio)) > 0.6 * limit
         ink = "white" if strong else "black"
-        text = f"{chosen.ratio:.2f}x" + ("!" if chosen.flagged else "") if chosen.ratio else chosen.note
+        text = f"{chosen.ratio:.2f}x" if chosen.ratio else chosen.note
         ax.text(j, i + 0.02, text, ha="center", va="center", fontsize=10, color=ink)
         if chosen.provider:  # the provider's name on its own colour, as in every other figure
             badge = {"boxstyle": "round,pad=0.25", "facecolor": provider_color(chosen.provider), "edgecolor": "none"}
@@ -643,10 +644,12 @@ def summary_figure(report: dict[str, Any]) -> Any:
             )
         fastest = cell.fastest
         if fastest.provider and fastest.provider != chosen.provider and fastest.ratio:
-            note = f"fastest: {fastest.provider} {fastest.ratio:.2f}x" + ("?" if cell.close else "")
+            ratio = "" if fastest.provider == "native" else f" {fastest.ratio:.2f}x"
+            note = f"fastest: {fastest.provider}{ratio}" + ("?" if cell.close else "")
             ax.text(j, i + 0.3, note, ha="center", va="center", fontsize=7, color=ink, gid="fastest")
         if chosen.uncertain:
-            hatch = {"fill": False, "hatch": "///", "edgecolor": "#606060", "linewidth": 0}
+            lines = "#e0e0e0" if strong else "#606060"  # seen on dark cells too
+            hatch = {"fill": False, "hatch": "///", "edgecolor": lines, "linewidth": 0}
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, gid="uncertain", **hatch))
     image = ax.imshow(grid, cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
     ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
@@ -661,10 +664,9 @@ def summary_figure(report: dict[str, Any]) -> Any:
     bar.set_label("native time / chosen provider's time")
     noise = report.get("noise_limit_pct", 100 * NOISE_LIMIT)
     fig.supxlabel(
-        f"Medians over {report.get('rounds', 1)} rounds. Hatched: faster or slower than native cannot be told (the "
-        "interquartile ranges overlap, or most rounds were descheduled).\n"
-        f"!: a figure stayed wider than {noise:.0f}% of its median. fastest: another provider measured faster "
-        "(?: within its spread). Grey: no pair to divide.",
+        f"Medians over {report.get('rounds', 1)} rounds. Hatched: noise could explain it (the interquartile ranges "
+        f"overlap, a figure stayed wider than {noise:.0f}% of its median,\nor most of its rounds were descheduled). "
+        "fastest: another provider measured faster (?: within its spread). Grey: no pair to divide.",
         fontsize=8,
     )
     return fig

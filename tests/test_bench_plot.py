@@ -56,6 +56,7 @@ def report(rows, *, llc=32 * 2**20):
         "date": "2026-12-04T01:30:00Z",
         "device": "cpu",
         "last_level_cache_bytes": llc,
+        "threads": 2,
         "copy_bandwidth_gbps": 20.0,
         "copy_bandwidth_q1_gbps": 19.0,
         "copy_bandwidth_q3_gbps": 21.0,
@@ -144,7 +145,7 @@ def test_the_title_names_machine_date_and_versions():
         title = fig.get_suptitle()
         for fact in (
             "Test CPU 9000",
-            "AVX512",
+            "AVX512, 2 cpus, 2 threads",
             "2026-12-04 01:30:00 UTC",
             "vllm-ir 7.8.9",
             "torch 2.99.0+cpu",
@@ -156,26 +157,26 @@ def test_the_title_names_machine_date_and_versions():
 
 
 @needs_matplotlib
-def test_a_speed_up_that_noise_could_explain_is_hatched_and_a_wide_figure_marked():
+def test_a_speed_up_that_noise_could_explain_is_hatched():
     descheduled = row("rms_norm", "vllm_c", 64, 4.0)
     descheduled["descheduled"] = True  # most rounds off the CPU: the time is the scheduler's
     rows = [
         row("rms_norm", "native", 1, 10.0, spread=0.1),
         row("rms_norm", "vllm_c", 1, 9.0, spread=0.1),  # IQRs 9-11 and 8.1-9.9 overlap
         row("rms_norm", "native", 16, 10.0),
-        row("rms_norm", "vllm_c", 16, 4.0, noisy=True),  # far apart, but a figure stayed wide
+        row("rms_norm", "vllm_c", 16, 4.0, noisy=True),  # far apart, but a figure stayed wider than the noise limit
         row("rms_norm", "native", 64, 10.0),
         descheduled,
         row("rms_norm", "native", 256, 10.0),
         row("rms_norm", "vllm_c", 256, 4.0),
     ]
     cells = bench.speed_ups(report(rows))
-    assert [cells[("rms_norm", "float32", t)].chosen.uncertain for t in (1, 16, 64, 256)] == [True, False, True, False]
+    assert [cells[("rms_norm", "float32", t)].chosen.uncertain for t in (1, 16, 64, 256)] == [True, True, True, False]
     (summary,) = bench.figures(report(rows))
     (heat_map,) = [ax for ax in summary.axes if ax.images]
-    assert hatched_cells(heat_map) == [(0.0, 0.0), (2.0, 0.0)]  # (column, row): 1 and 64 tokens
-    assert {"1.11x", "2.50x!", "2.50x"} <= {t.get_text() for t in heat_map.texts}
-    assert "Hatched: faster or slower than native cannot be told" in summary.get_supxlabel()
+    assert hatched_cells(heat_map) == [(0.0, 0.0), (1.0, 0.0), (2.0, 0.0)]  # (column, row): all but 256 tokens
+    assert {"1.11x", "2.50x"} <= {t.get_text() for t in heat_map.texts}
+    assert "Hatched: noise could explain it (the interquartile ranges overlap" in summary.get_supxlabel()
     (detail,) = bench.figures(report(rows), detail=True)[1:]
     hollow = detail.findobj(lambda a: a.get_gid() == "descheduled")
     assert [list(line.get_xdata()) for line in hollow] == [[64]]  # the per-op panel draws it hollow
