@@ -24,7 +24,8 @@ MAX_HIDDEN = 65536
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _common_checks(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
+def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
+    """What both norms check (rms_norm's predicate)."""
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported")
     if x.dtype not in _DTYPES:
@@ -48,10 +49,6 @@ def _common_checks(x: Tensor, weight: Tensor | None, variance_size: int | None) 
     return True
 
 
-def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
-    return _common_checks(x, weight, variance_size)
-
-
 def fused_add_rms_norm_supports(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
 ) -> bool | vllm_ir.Unsupported:
@@ -65,7 +62,7 @@ def fused_add_rms_norm_supports(
         )
     if not x_residual.is_contiguous() and not (x_residual.dim() == 2 and x_residual.stride(-1) == 1):
         return vllm_ir.Unsupported("residual must be contiguous, or 2-D rows with a unit inner stride")
-    return _common_checks(x, weight, variance_size)
+    return rms_norm_supports(x, weight, variance_size)
 
 
 if TRITON.available:
