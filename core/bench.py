@@ -588,7 +588,8 @@ def _title(report: dict[str, Any], what: str) -> str:
     machine = report.get("machine")
     if isinstance(machine, dict):
         cpus = f", {machine['cpus']} cpus" if machine.get("cpus") else ""
-        cpus += f", {report['threads']} threads" if report.get("threads") and machine.get("platform") == "cpu" else ""
+        threads = report.get("threads") if machine.get("platform") == "cpu" else None
+        cpus += f", {threads} thread{'s' if threads != 1 else ''}" if threads else ""
         where = f"{machine.get('device')} ({machine.get('platform')}, {machine.get('isa')}{cpus})"
         versions = [f"vllm-ir {machine.get('vllm_ir')}", f"torch {machine.get('torch')}"]
         versions += [f"{p} {v}" for p, v in (machine.get("providers") or {}).items()]
@@ -628,7 +629,10 @@ def summary_figure(report: dict[str, Any]) -> Any:
         strong = chosen.ratio is not None and abs(math.log2(chosen.ratio)) > 0.6 * limit
         ink = "white" if strong else "black"
         text = f"{chosen.ratio:.2f}x" if chosen.ratio else chosen.note
-        ax.text(j, i + 0.02, text, ha="center", va="center", fontsize=10, color=ink)
+        # On the cell's own colour, so the hatching of an uncertain cell never crosses the figures.
+        ground = cmap(min(1.0, max(0.0, 0.5 + math.log2(chosen.ratio) / (2 * limit)))) if chosen.ratio else "#e8e8e8"
+        plate = {"boxstyle": "square,pad=0.15", "facecolor": ground, "edgecolor": "none"}
+        ax.text(j, i + 0.02, text, ha="center", va="center", fontsize=10, color=ink, bbox=plate)
         if chosen.provider:  # the provider's name on its own colour, as in every other figure
             badge = {"boxstyle": "round,pad=0.25", "facecolor": provider_color(chosen.provider), "edgecolor": "none"}
             ax.text(
@@ -646,10 +650,10 @@ def summary_figure(report: dict[str, Any]) -> Any:
         if fastest.provider and fastest.provider != chosen.provider and fastest.ratio:
             ratio = "" if fastest.provider == "native" else f" {fastest.ratio:.2f}x"
             note = f"fastest: {fastest.provider}{ratio}" + ("?" if cell.close else "")
-            ax.text(j, i + 0.3, note, ha="center", va="center", fontsize=7, color=ink, gid="fastest")
+            ax.text(j, i + 0.3, note, ha="center", va="center", fontsize=7, color=ink, gid="fastest", bbox=plate)
         if chosen.uncertain:
             lines = "#e0e0e0" if strong else "#606060"  # seen on dark cells too
-            hatch = {"fill": False, "hatch": "///", "edgecolor": lines, "linewidth": 0}
+            hatch = {"fill": False, "hatch": "//", "edgecolor": lines, "linewidth": 0}
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, gid="uncertain", **hatch))
     image = ax.imshow(grid, cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
     ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
