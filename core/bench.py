@@ -17,6 +17,10 @@ A round whose timing thread was on the CPU for less than `DESCHEDULED_BELOW` of 
 scheduler's tick, however steady. Such rounds are dropped from the figure (and counted); when
 fewer than half of a figure's rounds are clean after re-measuring, all are kept and the figure
 is flagged. ``vllm-ir tune`` learns only from figures with no flag.
+
+``--plot`` draws the figure read first (`summary_figure`: the dispatcher's choice's speed-up
+over native per op and token count, hatched where noise could explain it); ``--plot-detail``
+adds the per-op panels (`detail_figure`). A provider has one colour everywhere (`provider_color`).
 """
 
 from __future__ import annotations

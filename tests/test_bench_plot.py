@@ -8,7 +8,9 @@ each test decides which figures are noisy or out of cache; one test runs the rea
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from dataclasses import asdict
 from importlib.util import find_spec
@@ -249,6 +251,24 @@ def test_bench_model_says_whether_the_difference_is_within_noise():
     assert "slower, beyond noise (the interquartile ranges do not overlap)" in slower
     assert "faster, beyond noise" in model_bench.verdict({"median_us": 50.0, "q1_us": 49.0, "q3_us": 51.0}, stock)
     assert "OVER" not in within + slower and "bound" not in within + slower
+
+
+PROFILE = """
+import torch
+from vllm_ir import model_bench
+
+layer, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
+print(model_bench.profile_step(layer, lambda: layer(x))["norm_act_share"])
+"""
+
+
+@pytest.mark.subprocess
+def test_bench_model_profiling_keeps_kinetos_usdt_lines_off_stderr():
+    """Torch's Kineto printed ``USDT: ... profiler_start`` / ``profiler_stop`` on every profile."""
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    result = subprocess.run([sys.executable, "-c", PROFILE], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "USDT" not in result.stderr and "profiler_start" not in result.stderr, result.stderr
 
 
 @needs_matplotlib
