@@ -23,6 +23,9 @@ struct RmsNormArgs {
   int64_t rows;
   int64_t hidden;
   float epsilon;
+  // CPU: write `out` with non-temporal (cache-bypassing) stores, set where the call's activations
+  // do not fit in the last-level cache (see stream_outputs); the CUDA kernels ignore it.
+  bool stream_out = false;
 };
 
 // For every row r, with s = input[r] + residual[r] in fp32:
@@ -44,6 +47,7 @@ struct FusedAddRmsNormArgs {
   int64_t rows;
   int64_t hidden;
   float epsilon;
+  bool stream_out = false;  // as RmsNormArgs, for `out` and `residual_out`; never in place
 };
 
 }  // namespace vllm_ir_c

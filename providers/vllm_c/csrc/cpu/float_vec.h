@@ -119,13 +119,15 @@ inline std::tuple<fVec, fVec> round_float(const fVec& a, const fVec& b) {
 
 // Asks for step `p` (kStep elements) ahead of its use, for reading or for writing (which saves
 // the later ownership request). Compute-bound loops ask for the next row's steps so that
-// memory works meanwhile; lines already cached cost next to nothing.
-template <bool kForWrite, typename T>
+// memory works meanwhile; lines already cached cost next to nothing. kLocality is
+// __builtin_prefetch's: 3 (the default) brings the lines into L1, 2 into L2 only, for loops
+// whose own working set fills L1 (the norms: a row, its output and an fp32 weight).
+template <bool kForWrite, int kLocality = 3, typename T>
 inline void prefetch_step(const T* p) {
 #if defined(__GNUC__) || defined(__clang__)
   constexpr int64_t kLine = 64;
   for (int64_t b = 0; b < kStep * static_cast<int64_t>(sizeof(T)); b += kLine) {
-    __builtin_prefetch(reinterpret_cast<const char*>(p) + b, kForWrite ? 1 : 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(p) + b, kForWrite ? 1 : 0, kLocality);
   }
 #endif
 }

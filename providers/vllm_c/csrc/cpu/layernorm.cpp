@@ -10,7 +10,14 @@
 // registrations) is compiled only in the DEFAULT, baseline-ISA compilation.
 //
 // Each row is read twice: pass 1 sums squares (memory-bound), pass 2 scales the row, now in
-// L1, while prefetching the next row (compute-bound), so the two overlap.
+// L1, while prefetching the next row (compute-bound), so the two overlap. Pass 2 prefetches
+// into L2, not L1: L1 holds the row, its output and the fp32 weight (32 KB at hidden 4096 for
+// bf16 rows, Zen 4's whole L1), and lines prefetched into it evicted the weight (bf16 x with an
+// fp32 weight at [256, 4096] on one thread: 124-143 us with L1 prefetches, 102-107 us with L2
+// ones). Outputs written out of place by a call whose activations do not fit in the last-level
+// cache are stored non-temporally (stream_store): they would be evicted before any reuse, and a
+// plain store first reads each output line from memory (at [4096, 4096] bf16, a third of the
+// DRAM traffic). A row whose output is not vector-aligned is stored normally.
 //
 // Numerics follow the op declarations in vllm_ir (core/ir/declarations/layernorm.py), that is
 // vLLM 0.33's, rounding for rounding: the row is normalized in fp32, then the weight applied in
@@ -29,10 +36,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <tuple>
 #include <type_traits>
 #include <vector>
+
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
 
 #include "dispatch_stub.h"
 #include "norm_vec.h"
@@ -68,9 +80,68 @@ int64_t grain_size(int64_t hidden) {
 }
 
 // ---------------------------------------------------------------------------------------
+// non-temporal stores (x86 AVX2 / AVX512; elsewhere plain stores)
+
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr bool kCanStream = true;
+#elif defined(CPU_CAPABILITY_AVX2)
+constexpr bool kCanStream = true;
+#else
+constexpr bool kCanStream = false;
+#endif
+
+// Whether a row at `p` can be streamed: every vector store of its steps is then aligned.
+template <typename T>
+bool stream_aligned(const T* p) {
+  return kCanStream && reinterpret_cast<std::uintptr_t>(p) % sizeof(fVec) == 0;
+}
+
+// store_float, bypassing the caches (`p` aligned as stream_aligned says). The values are the
+// same; only where they go differs.
+template <typename T>
+inline void stream_store(T* p, const fVec& a, const fVec& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, float>) {
+    _mm512_stream_ps(p, a);
+    _mm512_stream_ps(p + fVec::size(), b);
+  } else {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), float_vec::narrow<T>(a, b));
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    _mm256_stream_ps(p, a);
+    _mm256_stream_ps(p + fVec::size(), b);
+  } else {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), float_vec::narrow<T>(a, b));
+  }
+#else
+  store_float(p, a, b);
+#endif
+}
+
+// Orders a task's streamed stores before whatever follows it (they are weakly ordered).
+inline void stream_fence() {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  _mm_sfence();
+#endif
+}
+
+// A step's store, streamed or not.
+template <bool kStream, typename T>
+inline void store_step(T* p, const fVec& a, const fVec& b) {
+  if constexpr (kStream) {
+    stream_store(p, a, b);
+  } else {
+    store_float(p, a, b);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // rows
 
-template <typename T, WeightKind kKind>
+// Pass 2 prefetches into L2 (see the top of the file); a streamed output is not prefetched
+// (its stores read nothing).
+template <typename T, WeightKind kKind, bool kStream>
 void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, const T* next_x, T* next_out,
                   const RowSplit& split) {
   const float sum = sum_of_squares(
@@ -80,11 +151,13 @@ void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, 
   int64_t d = 0;
   const fVec scale_vec(scale);
   for (; d + kStep <= n; d += kStep) {
-    prefetch_step<false>(next_x + d);
-    prefetch_step<true>(next_out + d);
+    prefetch_step<false, 2>(next_x + d);
+    if constexpr (!kStream) {
+      prefetch_step<true, 2>(next_out + d);
+    }
     auto [x0, x1] = load_float(x + d);
     auto [y0, y1] = weighted<T, kKind>(x0 * scale_vec, x1 * scale_vec, w + d);
-    store_float(out + d, y0, y1);
+    store_step<kStream>(out + d, y0, y1);
   }
   for (; d < n; ++d) {
     out[d] = weighted<T, kKind>(static_cast<float>(x[d]) * scale, w, d);
@@ -96,7 +169,7 @@ void rms_norm_row(T* out, const T* x, const float* w, int64_t n, float epsilon, 
 // writing (in place, they are its inputs); the inputs of the next row are read first by its
 // pass 1, a stream the hardware prefetcher follows (prefetching them here as well measured no
 // faster, and slower out of place at fp32 [256, 4096]: 214 vs 179-200 us on the 2-core VM).
-template <typename T, WeightKind kKind>
+template <typename T, WeightKind kKind, bool kStream>
 void fused_add_rms_norm_row(T* out, T* residual_out, const T* x, const T* residual, const float* w, int64_t n,
                             float epsilon, T* next_out, T* next_residual_out, const RowSplit& split) {
   // Pass 1 only reads; pass 2 recomputes the fp32 sum from both rows (now in cache) rather
@@ -114,15 +187,17 @@ void fused_add_rms_norm_row(T* out, T* residual_out, const T* x, const T* residu
   const fVec scale_vec(scale);
   int64_t d = 0;
   for (; d + kStep <= n; d += kStep) {
-    prefetch_step<true>(next_out + d);
-    prefetch_step<true>(next_residual_out + d);
+    if constexpr (!kStream) {
+      prefetch_step<true, 2>(next_out + d);
+      prefetch_step<true, 2>(next_residual_out + d);
+    }
     auto [x0, x1] = load_float(x + d);
     auto [r0, r1] = load_float(residual + d);
     const fVec s0 = x0 + r0;
     const fVec s1 = x1 + r1;
-    store_float(residual_out + d, s0, s1);
+    store_step<kStream>(residual_out + d, s0, s1);
     auto [y0, y1] = weighted<T, kKind>(s0 * scale_vec, s1 * scale_vec, w + d);
-    store_float(out + d, y0, y1);
+    store_step<kStream>(out + d, y0, y1);
   }
   for (; d < n; ++d) {
     const float s = static_cast<float>(x[d]) + static_cast<float>(residual[d]);
@@ -157,8 +232,20 @@ void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end, const RowSp
   const ChunkWeight<T, kKind> w(a.weight, a.hidden);
   for (const auto r : c10::irange(begin, end)) {
     const int64_t next = std::min(r + 1, end - 1);  // the last row prefetches itself: harmless
-    rms_norm_row<T, kKind>(out + a.out_rows.offset(r), x + a.input_rows.offset(r), w.data(), a.hidden, a.epsilon,
-                           x + a.input_rows.offset(next), out + a.out_rows.offset(next), split);
+    T* row_out = out + a.out_rows.offset(r);
+    const auto run = [&](auto stream) {
+      rms_norm_row<T, kKind, decltype(stream)::value>(row_out, x + a.input_rows.offset(r), w.data(), a.hidden,
+                                                      a.epsilon, x + a.input_rows.offset(next),
+                                                      out + a.out_rows.offset(next), split);
+    };
+    if (a.stream_out && stream_aligned(row_out)) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
+    }
+  }
+  if (a.stream_out) {
+    stream_fence();
   }
 }
 
@@ -171,10 +258,21 @@ void fused_add_rms_norm_rows(const FusedAddRmsNormArgs& a, int64_t begin, int64_
   const ChunkWeight<T, kKind> w(a.weight, a.hidden);
   for (const auto r : c10::irange(begin, end)) {
     const int64_t next = std::min(r + 1, end - 1);
-    fused_add_rms_norm_row<T, kKind>(out + a.out_rows.offset(r), residual_out + a.residual_out_rows.offset(r),
-                                     x + a.input_rows.offset(r), residual + a.residual_rows.offset(r), w.data(),
-                                     a.hidden, a.epsilon, out + a.out_rows.offset(next),
-                                     residual_out + a.residual_out_rows.offset(next), split);
+    T* row_out = out + a.out_rows.offset(r);
+    T* row_residual_out = residual_out + a.residual_out_rows.offset(r);
+    const auto run = [&](auto stream) {
+      fused_add_rms_norm_row<T, kKind, decltype(stream)::value>(
+          row_out, row_residual_out, x + a.input_rows.offset(r), residual + a.residual_rows.offset(r), w.data(),
+          a.hidden, a.epsilon, out + a.out_rows.offset(next), residual_out + a.residual_out_rows.offset(next), split);
+    };
+    if (a.stream_out && stream_aligned(row_out) && stream_aligned(row_residual_out)) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
+    }
+  }
+  if (a.stream_out) {
+    stream_fence();
   }
 }
 
@@ -230,6 +328,9 @@ VLLM_IR_C_REGISTER_DISPATCH(fused_add_rms_norm_stub, &CPU_CAPABILITY::fused_add_
 #include <ATen/TensorIterator.h>
 #include <torch/library.h>
 
+#include <fstream>
+#include <string>
+
 namespace vllm_ir_c {
 
 static_assert(CPU_CAPABILITY::norm_vec::kAtenGrainSize == at::internal::GRAIN_SIZE,
@@ -237,13 +338,44 @@ static_assert(CPU_CAPABILITY::norm_vec::kAtenGrainSize == at::internal::GRAIN_SI
 
 namespace {
 
+// The last-level cache's size in bytes: the largest cache Linux lists for CPU 0 (sysfs; glibc's
+// sysconf(_SC_LEVEL3_CACHE_SIZE) reported 320 MiB for this VM's 32 MiB L3), else 32 MiB.
+int64_t last_level_cache_bytes() {
+  static const int64_t bytes = [] {
+    int64_t largest = 0;
+    for (int index = 0; index < 8; ++index) {
+      std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+      int64_t size = 0;
+      std::string unit;
+      if (file >> size) {
+        file >> unit;  // "K" or "M" where given
+        largest = std::max(largest, size << (unit == "M" ? 20 : unit == "K" ? 10 : 0));
+      }
+    }
+    return largest > 0 ? largest : int64_t{32} << 20;
+  }();
+  return bytes;
+}
+
+// Whether a call reading and writing `activations` tensors of `rows` x `hidden` elements of
+// `dtype` (inputs and outputs together) streams its outputs: when they exceed the last-level
+// cache, so the outputs would not stay cached anyway.
+bool stream_outputs(int activations, int64_t rows, int64_t hidden, c10::ScalarType dtype) {
+  return activations * rows * hidden * static_cast<int64_t>(c10::elementSize(dtype)) > last_level_cache_bytes();
+}
+
 void rms_norm_cpu(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
                   double epsilon) {
-  run_rms_norm("vllm_ir_c::rms_norm", out, input, weight, epsilon, rms_norm_stub);
+  run_rms_norm("vllm_ir_c::rms_norm", out, input, weight, epsilon, [](const RmsNormArgs& args) {
+    RmsNormArgs a = args;
+    a.stream_out = stream_outputs(2, a.rows, a.hidden, a.dtype);
+    rms_norm_stub(a);
+  });
 }
 
 void fused_add_rms_norm_cpu(at::Tensor& input, at::Tensor& residual, const std::optional<at::Tensor>& weight,
                             double epsilon) {
+  // In place: the output lines were just read, so plain stores find them cached.
   run_fused_add_rms_norm("vllm_ir_c::fused_add_rms_norm", input, residual, input, residual, weight, epsilon,
                          fused_add_rms_norm_stub);
 }
@@ -251,7 +383,11 @@ void fused_add_rms_norm_cpu(at::Tensor& input, at::Tensor& residual, const std::
 void fused_add_rms_norm_out_cpu(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& input,
                                 const at::Tensor& residual, const std::optional<at::Tensor>& weight, double epsilon) {
   run_fused_add_rms_norm("vllm_ir_c::fused_add_rms_norm_out", out, residual_out, input, residual, weight, epsilon,
-                         fused_add_rms_norm_stub);
+                         [](const FusedAddRmsNormArgs& args) {
+                           FusedAddRmsNormArgs a = args;
+                           a.stream_out = a.out != a.input && stream_outputs(4, a.rows, a.hidden, a.dtype);
+                           fused_add_rms_norm_stub(a);
+                         });
 }
 
 }  // namespace
