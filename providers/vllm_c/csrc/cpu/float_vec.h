@@ -121,7 +121,7 @@ inline std::tuple<fVec, fVec> round_float(const fVec& a, const fVec& b) {
 // the later ownership request). Compute-bound loops ask for the next row's steps so that
 // memory works meanwhile; lines already cached cost next to nothing. kLocality is
 // __builtin_prefetch's: 3 (the default) brings the lines into L1, 2 into L2 only, for loops
-// whose own working set fills L1 (the norms: a row, its output and an fp32 weight).
+// whose own working set fills L1 (the norms' streamed rows: a row and an fp32 weight).
 template <bool kForWrite, int kLocality = 3, typename T>
 inline void prefetch_step(const T* p) {
 #if defined(__GNUC__) || defined(__clang__)
