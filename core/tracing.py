@@ -37,6 +37,7 @@ from vllm_ir import env
 from vllm_ir.errors import VllmIrError
 from vllm_ir.ir import observe
 from vllm_ir.ir import priority as _priority
+from vllm_ir.ir.observe import decode_shapes
 
 if TYPE_CHECKING:
     import torch
@@ -123,9 +124,9 @@ class Trace:
         #: walk it (which cost microseconds per call when events held call sites and ``torch.Size``).
         self._events: deque[tuple[Any, ...]] = deque(maxlen=max_events)
         self._row_list: list[_Row] = []
-        #: Shapes of a call (a tuple of ``torch.Size`` or None per tensor parameter) -> number.
-        self._shape_ids: dict[tuple[Any, ...], int] = {}
-        self._shape_list: list[tuple[Any, ...]] = []
+        #: Shapes of a call (`observe.python_call_facts`' bytes) -> number.
+        self._shape_ids: dict[bytes, int] = {}
+        self._shape_list: list[bytes] = []
         #: Reports of the graphs compiled (or served from Inductor's cache) while tracing, as JSON.
         self.compiled: list[dict[str, Any]] = []
         #: Why every op ran native (reference mode), or None.
@@ -144,15 +145,13 @@ class Trace:
 
     # -- recording ------------------------------------------------------------------------
 
-    def record(self, site: CallSite, args: tuple, start_ns: int, duration: Any) -> None:
-        """One call (`vllm_ir.ir.observe`): ``duration`` is ns, or a pair of CUDA events.
+    def record(self, site: CallSite, facts: observe.CallFacts, start_ns: int, duration: Any) -> None:
+        """One call (`vllm_ir.ir.observe`): its facts (`observe.python_call_facts`, read before
+        the kernel ran); ``duration`` is ns, or a pair of CUDA events.
 
         Kept to a few dict and deque operations on this thread's shard (the issue's budget is
         1 us per call): names, ranges and medians are worked out when the trace is read."""
-        first = site.first_tensor
-        dtype = args[first].dtype if first is not None else None
-        shapes = site.shapes(args)
-        tokens = site.token_count(args, shapes)
+        dtype, _cuda, shapes, tokens = facts
         bits = 0 if tokens is None else (tokens if tokens > 0 else 1).bit_length()
         thread = get_ident()
         shard = self._shards.get(thread) or self._new_shard(thread)
@@ -202,14 +201,14 @@ class Trace:
         with self._lock:
             return list(self._row_list)
 
-    def _intern(self, shapes: tuple[Any, ...]) -> int | tuple[Any, ...]:
-        """The number of a new shape set, or (past `MAX_SHAPE_SETS`) the shapes as plain tuples."""
+    def _intern(self, shapes: bytes) -> int | bytes:
+        """The number of a new shape set, or (past `MAX_SHAPE_SETS`) the shapes themselves."""
         with self._lock:
             n = self._shape_ids.get(shapes)
             if n is not None:  # another thread numbered it meanwhile
                 return n
             if len(self._shape_list) >= MAX_SHAPE_SETS:
-                return tuple(None if s is None else tuple(s) for s in shapes)
+                return shapes
             self._shape_ids[shapes] = n = len(self._shape_list)
             self._shape_list.append(shapes)
             return n
@@ -234,7 +233,7 @@ class Trace:
             "provider": site.provider,
             "form": site.form,
             "dtype": _dtype_name(dtype),
-            "shapes": [None if s is None else list(s) for s in shapes],
+            "shapes": decode_shapes(shapes),
             "tokens": tokens,
             "module": module,
             "pid": os.getpid(),

@@ -22,13 +22,15 @@
 // vllm_ir.ir.cache_key.bucket computes it. Without buckets nothing is counted.
 //
 // donation_conflict() is the cheap aliasing check of `maybe_inplace` calls (see
-// vllm_ir.ir.aliasing for the Python reference it must agree with).
+// vllm_ir.ir.aliasing for the Python reference it must agree with); call_facts() what the
+// trace records of a call (vllm_ir.ir.observe).
 
 #include <Python.h>
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
@@ -513,11 +515,124 @@ PyObject* donation_conflict(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   Py_RETURN_NONE;
 }
 
+// call_facts(args, tensor_indices, token_indices, first) -> (dtype, is_cuda, shapes, tokens), or
+// None when Python must read them (vllm_ir.ir.observe.python_call_facts is the reference this
+// must agree with). `dtype`, `is_cuda`: of args[first] (None, False when `first` is None).
+// `shapes`: the bytes of int64 values, per tensor parameter in `tensor_indices`, -1 for None,
+// else its number of dimensions and then its sizes. `tokens`: the leading dimension of the first
+// tensor in `token_indices` that has a token dimension (cache_key.has_token_dim), or None.
+// The trace reads these on every call: each tensor attribute read from Python costs about as
+// much as this whole call, and bytes are one allocation the garbage collector never tracks.
+PyObject* call_facts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyTuple_CheckExact(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "call_facts(args, tensor_indices, token_indices, first): three tuples and an index");
+    return nullptr;
+  }
+  PyObject* call = args[0];
+  const Py_ssize_t n_call = PyTuple_GET_SIZE(call);
+  // An exact, strided tensor at position `index` of the call, or nullptr (`none`: the argument
+  // is None; otherwise Python must look).
+  auto tensor_at = [&](PyObject* index, bool* none) -> const at::Tensor* {
+    const Py_ssize_t i = PyLong_AsSsize_t(index);
+    *none = false;
+    if (i < 0 || i >= n_call) {
+      return nullptr;
+    }
+    PyObject* arg = PyTuple_GET_ITEM(call, i);
+    if (arg == Py_None) {
+      *none = true;
+      return nullptr;
+    }
+    if (!THPVariable_CheckExact(arg)) {  // subclasses may redefine any fact: Python looks
+      return nullptr;
+    }
+    const at::Tensor& t = THPVariable_Unpack(arg);
+    return t.layout() == c10::kStrided && t.dim() <= kMaxDims ? &t : nullptr;
+  };
+  int64_t values[64 * (1 + kMaxDims)];
+  Py_ssize_t n = 0;
+  try {
+    bool none = false;
+    PyObject* dtype = Py_None;
+    PyObject* is_cuda = Py_False;
+    if (args[3] != Py_None) {
+      const at::Tensor* t = tensor_at(args[3], &none);
+      if (t != nullptr) {
+        dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t->scalar_type()));
+        is_cuda = t->is_cuda() ? Py_True : Py_False;
+      } else if (!none) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+      }
+    }
+    const Py_ssize_t n_tensors = PyTuple_GET_SIZE(args[1]);
+    if (n_tensors > 64) {
+      Py_RETURN_NONE;
+    }
+    for (Py_ssize_t k = 0; k < n_tensors; ++k) {
+      const at::Tensor* t = tensor_at(PyTuple_GET_ITEM(args[1], k), &none);
+      if (t == nullptr) {
+        if (!none) {
+          PyErr_Clear();
+          Py_RETURN_NONE;
+        }
+        values[n++] = -1;
+        continue;
+      }
+      values[n++] = t->dim();
+      for (const int64_t size : t->sizes()) {
+        values[n++] = size;
+      }
+    }
+    int64_t tokens = -1;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args[2]) && tokens < 0; ++k) {
+      const at::Tensor* t = tensor_at(PyTuple_GET_ITEM(args[2], k), &none);
+      if (t == nullptr) {
+        if (!none) {
+          PyErr_Clear();
+          Py_RETURN_NONE;
+        }
+        continue;
+      }
+      const int64_t dim = t->dim();
+      if (dim >= 2 || (dim == 1 && c10::isIntegralType(t->scalar_type(), /*includeBool=*/true))) {
+        tokens = t->sizes()[0];
+      }
+    }
+    PyObject* shapes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values), n * sizeof(int64_t));
+    if (shapes == nullptr) {
+      return nullptr;
+    }
+    PyObject* count = tokens < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(tokens);
+    if (count == nullptr) {
+      Py_DECREF(shapes);
+      return nullptr;
+    }
+    PyObject* out = PyTuple_New(4);
+    if (out == nullptr) {
+      Py_DECREF(shapes);
+      Py_DECREF(count);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, 0, Py_NewRef(dtype));
+    PyTuple_SET_ITEM(out, 1, Py_NewRef(is_cuda));
+    PyTuple_SET_ITEM(out, 2, shapes);
+    PyTuple_SET_ITEM(out, 3, count);
+    return out;
+  } catch (...) {  // a tensor whose sizes throw (symbolic, functorch wrappers): Python looks
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+}
+
 PyMethodDef module_methods[] = {
     {"donation_conflict", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(donation_conflict)),
      METH_FASTCALL,
      "donation_conflict(donated_mask, tensor_mask, *args): None, or (i, j) where donated argument i overlaps "
      "itself (j == i) or argument j."},
+    {"call_facts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call_facts)), METH_FASTCALL,
+     "call_facts(args, tensor_indices, token_indices, first): (dtype, is_cuda, shape bytes, token count), or None: "
+     "Python reads them."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -65,6 +65,7 @@ _MODULE_KINDS = {
 _FIXTURE_KINDS = {
     "compile_test_providers": ("compile",),
     "compile_test_providers_passes_forced": ("compile",),
+    "compiled_trace": ("compile", "subprocess"),  # tests/test_trace.py: Inductor's compile workers
 }
 #: The kit's numerics grid in the default run: its tokens x hidden points are sampled (see
 #: `_grid_kept`); ``--vllm-ir-full-grid`` (``make test-all``) runs every point.

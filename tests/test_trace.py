@@ -407,6 +407,7 @@ def test_process_trace_prints_the_summary_at_exit():
     assert "rms_norm" in out.stderr and "silu_and_mul" in out.stderr
 
 
+@pytest.mark.subprocess
 def test_the_config_file_turns_tracing_and_reference_mode_on_and_the_environment_overrides_it(tmp_path):
     config = tmp_path / "vllm-ir.toml"
     config.write_text("trace = true\nreference = true\n")
@@ -469,33 +470,66 @@ def _token_variants(op, args: tuple):
 
 
 @pytest.mark.parametrize("op", [op for op in vllm_ir.ir.registry.all_ops() if op.token_params], ids=lambda op: op.name)
-def test_the_traced_token_count_and_shapes_equal_the_reference_readers(op):
-    """`CallSite.token_count` reads the common case off the shapes: it must answer as
-    `first_token_count` does for every op, with the lead tensor in every form it can take."""
+def test_the_traced_facts_equal_the_reference_readers(op):
+    """What the trace records of a call: the compiled reader answers as the Python reference
+    does (or hands over, None), and both as reading each tensor and `first_token_count` would,
+    for every op, with the lead tensor in every form it can take."""
     from vllm_ir.ir.cache_key import first_token_count
-    from vllm_ir.ir.observe import call_site
+    from vllm_ir.ir.observe import call_site, compiled_call_facts, decode_shapes, python_call_facts
 
     site = call_site(op, "native", "functional")
+    where = (site.tensor_indices, site.token_indices, site.first_tensor)
+    handed_over = 0
     for case in [(3, 64), (1, 7), (2, 3, 64)]:
         for args in _token_variants(op, op.generate_inputs(case, torch.float32, "cpu")):
-            shapes = site.shapes(args)
-            assert shapes == tuple(None if args[i] is None else args[i].shape for i in op.tensor_param_indices)
-            expected = first_token_count(*(args[i] for i in site.token_indices))
-            assert site.token_count(args, shapes) == expected, (case, [s and tuple(s) for s in shapes])
+            reference = python_call_facts(args, *where)
+            dtype, cuda, shapes, tokens = reference
+            expected = [None if args[i] is None else list(args[i].shape) for i in op.tensor_param_indices]
+            assert decode_shapes(shapes) == expected
+            assert tokens == first_token_count(*(args[i] for i in site.token_indices)), (case, expected)
+            lead = None if site.first_tensor is None else args[site.first_tensor]
+            assert (dtype, cuda) == ((None, False) if lead is None else (lead.dtype, lead.is_cuda))
+            if compiled_call_facts is not None:
+                compiled = compiled_call_facts(args, *where)
+                handed_over += compiled is None
+                assert compiled is None or compiled == reference, (case, expected)
+    if compiled_call_facts is not None:  # the sparse lead is the one form Python reads itself
+        assert handed_over <= 3, handed_over
+
+
+def test_the_compiled_fact_reader_hands_subclasses_and_bad_indices_to_python():
+    """Anything the C reader cannot read as Python would (a tensor subclass, which may redefine
+    its shape; an index out of range) is handed back, never answered differently."""
+    from vllm_ir.ir.observe import compiled_call_facts, python_call_facts
+
+    if compiled_call_facts is None:
+        pytest.skip("vllm_ir._fast_lookup is not built")
+
+    class Sub(torch.Tensor):
+        pass
+
+    x = torch.randn(2, 8)
+    assert compiled_call_facts((x.as_subclass(Sub), W), (0, 1), (0,), 0) is None
+    assert compiled_call_facts((x, W), (0, 5), (0,), 0) is None
+    assert compiled_call_facts((x, None), (0, 1), (0,), 0) == python_call_facts((x, None), (0, 1), (0,), 0)
+    assert compiled_call_facts((x, W), (0, 1), (), None) == python_call_facts((x, W), (0, 1), (), None)
+    with pytest.raises(TypeError, match="three tuples"):
+        compiled_call_facts([x, W], (0, 1), (0,), 0)
 
 
 def test_one_trace_shared_by_threads_counts_every_call():
     """The process trace takes calls from many threads at once without a lock on the hot path."""
     trace = tracing.Trace()
     per_thread, threads = 2000, 4
-    from vllm_ir.ir.observe import call_site
+    from vllm_ir.ir.observe import call_site, python_call_facts
 
     site = call_site(ops.rms_norm, "native", "functional")
     shapes = [torch.randn(n, 64) for n in (1, 3, 8, 40)]
 
     def work(k: int) -> None:
         for i in range(per_thread):
-            trace.record(site, (shapes[(i + k) % 4], W, 1e-6), i, 10)
+            args = (shapes[(i + k) % 4], W, 1e-6)
+            trace.record(site, python_call_facts(args, site.tensor_indices, site.token_indices, 0), i, 10)
 
     workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     interval = sys.getswitchinterval()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from vllm_ir.ir import fast_lookup
 from vllm_ir.ir.cache_key import first_token_count
 
 if TYPE_CHECKING:
@@ -33,13 +35,12 @@ if TYPE_CHECKING:
 #: one attribute read, which the Python hot path can afford. (The C lookup asks this thread's
 #: profiler state instead; a flag of the whole process only ever makes Python label more calls.)
 profiler_flag = torch.autograd.profiler
-_STRIDED = torch.strided
 
 
 class Sink(Protocol):
     """What a traced runner reports to (`vllm_ir.trace.Trace`)."""
 
-    def record(self, site: CallSite, args: tuple, start_ns: int, duration: Any) -> None: ...
+    def record(self, site: CallSite, facts: CallFacts, start_ns: int, duration: Any) -> None: ...
 
 
 #: The trace calls of this thread or task report to; None: the process trace, if any (`set_process_sink`).
@@ -68,51 +69,55 @@ class CallSite:
     #: Positions of the op's tensor parameters, and of the first (whose dtype and device the trace reports).
     tensor_indices: tuple[int, ...]
     first_tensor: int | None
-    #: Where the first token parameter's shape is in a call's shapes (None: the op has no token parameter).
-    lead_slot: int | None
-    #: ``shapes(args)``: each tensor parameter's shape, or None (`shape_reader`).
-    shapes: Callable[[tuple], tuple[torch.Size | None, ...]]
-
-    def token_count(self, args: tuple, shapes: tuple[torch.Size | None, ...]) -> int | None:
-        """`first_token_count` of the call; ``shapes`` holds each tensor parameter's shape (or None).
-
-        The common case is read off the shapes the trace takes anyway: a strided first token
-        tensor of two or more dimensions leads with the token count. Anything else asks
-        `first_token_count` itself (tests check the two agree)."""
-        lead = self.lead_slot
-        if lead is None:
-            return None
-        shape = shapes[lead]
-        if shape is not None and len(shape) >= 2 and args[self.token_indices[0]].layout is _STRIDED:
-            return shape[0]
-        return first_token_count(*(args[i] for i in self.token_indices))
 
 
-def shape_reader(indices: tuple[int, ...]) -> Callable[[tuple], tuple[torch.Size | None, ...]]:
-    """``shapes(args)``: the shape (or None) of ``args[i]`` for each ``i`` in ``indices``.
+#: What a trace records of a call, read before the kernel runs: ``(dtype, is_cuda, shapes, tokens)``.
+CallFacts = tuple[Any, bool, bytes, int | None]
 
-    Unrolled for the common arities: a comprehension's own frame costs as much as reading two
-    shapes, and this runs on every traced call."""
-    if len(indices) == 1:
-        (i,) = indices
-        return lambda args: (None if (a := args[i]) is None else a.shape,)
-    if len(indices) == 2:
-        i, j = indices
 
-        def two(args: tuple) -> tuple[torch.Size | None, ...]:
-            a, b = args[i], args[j]
-            return (None if a is None else a.shape, None if b is None else b.shape)
+def python_call_facts(
+    args: tuple, tensor_indices: tuple[int, ...], token_indices: tuple[int, ...], first: int | None
+) -> CallFacts:
+    """What a trace records of a call: the reference that the compiled ``call_facts`` must agree
+    with (it answers None where Python must read them: subclasses, other layouts, bad indices).
 
-        return two
-    if len(indices) == 3:
-        i, j, k = indices
+    ``dtype`` and ``is_cuda`` are the first required tensor's (None, False without one).
+    ``shapes`` is the bytes of int64 values, per tensor parameter: -1 for None, else its number
+    of dimensions, then its sizes (`decode_shapes`); bytes are one allocation that the garbage
+    collector never tracks. ``tokens`` is `first_token_count` of the token parameters."""
+    values: list[int] = []
+    for i in tensor_indices:
+        a = args[i]
+        if a is None:
+            values.append(-1)
+        else:
+            values.append(a.dim())
+            values.extend(a.shape)
+    lead = None if first is None else args[first]
+    return (
+        None if lead is None else lead.dtype,
+        False if lead is None else lead.is_cuda,
+        array("q", values).tobytes(),
+        first_token_count(*(args[i] for i in token_indices)),
+    )
 
-        def three(args: tuple) -> tuple[torch.Size | None, ...]:
-            a, b, c = args[i], args[j], args[k]
-            return (None if a is None else a.shape, None if b is None else b.shape, None if c is None else c.shape)
 
-        return three
-    return lambda args: tuple([None if (a := args[i]) is None else a.shape for i in indices])
+def decode_shapes(shapes: bytes) -> list[list[int] | None]:
+    """The shapes `python_call_facts` encoded, one list (or None) per tensor parameter."""
+    values = array("q")
+    values.frombytes(shapes)
+    out: list[list[int] | None] = []
+    i = 0
+    while i < len(values):
+        dim = values[i]
+        out.append(None if dim < 0 else values[i + 1 : i + 1 + dim].tolist())
+        i += 1 + max(dim, 0)
+    return out
+
+
+#: ``call_facts(args, tensor_indices, token_indices, first)``: `python_call_facts` in one C call,
+#: or None (Python reads them); None itself without the compiled extension.
+compiled_call_facts: Callable[..., CallFacts | None] | None = getattr(fast_lookup._module, "call_facts", None)
 
 
 def call_site(op: IrOp, provider: str, form: str, skipped: tuple[tuple[str, str], ...] = ()) -> CallSite:
@@ -130,8 +135,6 @@ def call_site(op: IrOp, provider: str, form: str, skipped: tuple[tuple[str, str]
         tokens,
         tensors,
         required[0] if required else None,
-        tensors.index(tokens[0]) if tokens else None,
-        shape_reader(tensors),
     )
 
 
@@ -166,20 +169,22 @@ def _labelled(decision: Decision, attr: str, label: str) -> Callable[..., Any]:
 
 
 def _traced(decision: Decision, attr: str, site: CallSite) -> Callable[..., Any]:
-    first = site.first_tensor
+    tensors, tokens, first = site.tensor_indices, site.token_indices, site.first_tensor
+    compiled = compiled_call_facts
 
     def run(*args: Any) -> Any:
         sink = active.get() or _process_sink[0]
         if sink is None:  # the block ended in another task that shares this scope
             return getattr(decision, attr)(*args)
-        cuda = first is not None and args[first].is_cuda
-        if cuda or profiler_flag._is_profiler_enabled:
-            start, out, duration = _timed(decision, attr, args, cuda, site.label)
+        # Read before the kernel runs (an in-place kernel keeps shapes; the device picks the timer).
+        facts = (compiled and compiled(args, tensors, tokens, first)) or python_call_facts(args, tensors, tokens, first)
+        if facts[1] or profiler_flag._is_profiler_enabled:
+            start, out, duration = _timed(decision, attr, args, facts[1], site.label)
         else:  # the common case, inline: this wrapper's own cost is what tracing costs
             start = perf_counter_ns()
             out = getattr(decision, attr)(*args)
             duration = perf_counter_ns() - start
-        sink.record(site, args, start, duration)
+        sink.record(site, facts, start, duration)
         return out
 
     return run
