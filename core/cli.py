@@ -2,7 +2,7 @@
 
 Verbs: ``providers [list]``, ``ops [NAME ...]``, ``explain``, ``doctor``, ``bench``, ``tune``
 (`VERBS`). The first four take ``--json`` (stable fields on stdout instead of the table,
-documented in README); ``bench`` and ``tune`` take ``--json FILE`` (every figure written to
+documented in docs/cli.md); ``bench`` and ``tune`` take ``--json FILE`` (every figure written to
 FILE). Every JSON document starts with ``"schema": "vllm-ir.<verb>/<version>"`` and a
 ``machine`` block (`machine_block`), so two runs can be compared by a program. Human output
 is a table that fits the terminal (``COLUMNS`` wins; ``--wide``: never wrapped).

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from vllm_ir.errors import ConfigError, ConfigWarning  # defined with the others; importable here too
 from vllm_ir.log import ENV_LOG_LEVEL
 
-# Every variable, with what it takes (``vllm-ir doctor`` and the README list the same).
+# Every variable, with what it takes (``vllm-ir doctor`` lists the same; docs/settings.md is generated
+# from it by scripts/gen_reference.py).
 ENV_PRIORITY = "VLLM_IR_OP_PRIORITY"
 ENV_FALLBACK = "VLLM_IR_FALLBACK"
 ENV_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"

@@ -42,7 +42,8 @@ reason.
 
 Autograd: the ops have backward formulas; with gradients enabled and weights that require
 them, the merged MLP concatenates the live parameters on each call so gradients reach them.
-``save_pretrained`` refuses parameters that share memory: call `undo` before saving.
+``save_pretrained`` of a kernelized model writes a checkpoint that a stock ``from_pretrained``
+loads to the same logits (checked with transformers 5.25); `undo` restores the original modules.
 """
 
 from __future__ import annotations
