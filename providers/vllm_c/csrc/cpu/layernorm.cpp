@@ -79,9 +79,7 @@ int64_t grain_size(int64_t hidden) {
 // ---------------------------------------------------------------------------------------
 // non-temporal stores (x86 AVX2 / AVX512; elsewhere plain stores)
 
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr bool kCanStream = true;
-#elif defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 constexpr bool kCanStream = true;
 #else
 constexpr bool kCanStream = false;
