@@ -415,11 +415,16 @@ def suggested_priority(report: dict[str, Any]) -> dict[str, Any]:
     return {"lists": lists, "env": env_value, "toml": toml, "uncertain_ops": uncertain}
 
 
-def _cell(r: dict[str, Any]) -> str:
+def _cell(r: dict[str, Any], llc: int | None) -> str:
+    """One figure: time, spread and bandwidth; the share of ``copy_``'s bandwidth only where the
+    call's bytes exceed the last-level cache (an in-cache call against a DRAM copy reads as
+    nonsense, up to thousands of percent), as the plot does."""
     if r["status"] != "ok":
         return r["status"].upper() if r["status"] == "wrong" else r["status"]
     flag = ("!" if r["noisy"] else "") + ("~" if r.get("descheduled_rounds") else "")
-    return f"{r['median_us']:.1f}±{r['spread_pct']:.0f}%{flag} ({r['gbps']:.1f}, {r['pct_of_copy']:.0f}%)"
+    beyond_cache = llc is not None and (r.get("bytes_moved") or 0) > llc
+    share = f", {r['pct_of_copy']:.0f}%" if beyond_cache else ""
+    return f"{r['median_us']:.1f}±{r['spread_pct']:.0f}%{flag} ({r['gbps']:.1f}{share})"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -435,13 +440,19 @@ def format_report(report: dict[str, Any]) -> str:
             "the machine is busy, every figure below is rough"
         )
     win = {(w["op"], w["dtype"], w["tokens"]): w for w in report.get("winners") or winner_table(report)}
+    llc = report.get("last_level_cache_bytes")
+    share_note = (
+        f", % of copy_ where the call moves more than the {llc / 2**20:.0f} MiB last-level cache"
+        if llc
+        else "; last-level cache size unknown: no % of copy_"
+    )
     by_op: dict[str, list[dict[str, Any]]] = {}
     for r in report["results"]:
         by_op.setdefault(_label(r), []).append(r)
     for op, rows in by_op.items():
         providers = list(dict.fromkeys(r["provider"] for r in rows))
         lines.append("")
-        lines.append(f"{op} [tokens, {report['hidden']}]: us ±spread (GB/s, % of copy)")
+        lines.append(f"{op} [tokens, {report['hidden']}]: us ±spread (GB/s{share_note})")
         table = [["dtype", "tokens", *providers, "winner", "dispatch"]]
         for dtype, t in dict.fromkeys((r["dtype"], r["tokens"]) for r in rows):
             cells = []
@@ -452,7 +463,7 @@ def format_report(report: dict[str, Any]) -> str:
                     cells.append("")
                     continue
                 picks = r["dispatcher_picks"] or ""
-                cells.append(_cell(r))
+                cells.append(_cell(r, llc))
             w = win.get((op, dtype, t))
             winner = "-" if w is None else w["winner"] + ("?" if w["uncertain"] else "")
             table.append([dtype, str(t), *cells, winner, picks])

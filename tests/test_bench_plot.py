@@ -243,6 +243,21 @@ def test_table_columns_never_run_into_each_other():
     assert len(columns[1]) == 6 and columns[1][-2:] == ["softcap_fast?", "softcap_fast"], columns[1]
 
 
+def test_the_table_gives_a_share_of_copy_only_beyond_the_last_level_cache():
+    """As in the plot: an in-cache call against a DRAM ``copy_`` once read 1830%."""
+    rows = [row("rms_norm", "native", t, 10.0 * t) for t in (1, 4096)]
+    doc = report(rows, llc=4 * 4096 * 4096)  # between the two calls' bytes
+    moved = {r["tokens"]: r["bytes_moved"] for r in doc["results"]}
+    assert moved[1] < doc["last_level_cache_bytes"] < moved[4096]
+    text = bench.format_report({**doc, "machine": doc["machine_summary"]})
+    lines = {line.split()[1]: line for line in text.splitlines() if line.startswith("float32")}
+    assert re.search(r"\([\d.]+\)", lines["1"]) and "%)" not in lines["1"]
+    assert re.search(r"\([\d.]+, \d+%\)", lines["4096"])
+    assert "% of copy_ where the call moves more than the 64 MiB last-level cache" in text
+    unknown = bench.format_report({**report(rows, llc=None), "machine": doc["machine_summary"]})
+    assert "%)" not in unknown and "last-level cache size unknown" in unknown
+
+
 def test_bench_model_says_whether_the_difference_is_within_noise():
     stock = {"median_us": 100.0, "q1_us": 95.0, "q3_us": 105.0}
     within = model_bench.verdict({"median_us": 104.0, "q1_us": 99.0, "q3_us": 110.0}, stock)
