@@ -50,7 +50,16 @@ from vllm_ir.ir.families import import_families
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
 from vllm_ir.ir.op import IrOp
 
-__all__ = ["INPLACE", "OPTIONS", "Provider", "adapt_predicate", "default_fakes", "import_families", "weight_or_ones"]
+__all__ = [
+    "INPLACE",
+    "OPTIONS",
+    "Provider",
+    "adapt_predicate",
+    "default_fakes",
+    "empty_group_scales",
+    "import_families",
+    "weight_or_ones",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -299,6 +308,17 @@ def weight_or_ones(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
     return _ones(x.shape[-1], x.dtype, x.device)
+
+
+def empty_group_scales(x: torch.Tensor, group_size: int, column_major: bool) -> torch.Tensor:
+    """The float32 scales a group-quant kernel writes for ``x``: one per ``group_size`` slice of
+    the last dimension (a partial last group counts), in the layout the op returns: with
+    ``column_major`` the last two dimensions transposed in memory (strides (1, M) for 2-D x)."""
+    groups = -(-x.shape[-1] // group_size)
+    if column_major:
+        scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
+        return scales.transpose(-2, -1)
+    return torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
 
 
 @functools.cache

@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import vllm_ir
 from vllm_ir import Provider, RegistrationError, Unsupported
-from vllm_ir.provider import adapt_predicate, default_fakes, import_families, weight_or_ones
+from vllm_ir.provider import adapt_predicate, default_fakes, empty_group_scales, import_families, weight_or_ones
 
 _count = iter(range(1_000_000))
 
@@ -280,3 +280,15 @@ def test_every_in_repo_provider_registers_through_the_surface():
             assert (impl.op_name, impl.provider) == (op_name, name)
             if not surface.available:  # one reason for every op of a provider whose library is missing
                 assert impl.supported.reason == surface.reason
+
+
+@pytest.mark.parametrize("shape", [(5, 300), (2, 3, 256), (300,)], ids=str)
+@pytest.mark.parametrize("column_major", [False, True])
+def test_empty_group_scales_take_the_layout_native_returns(shape, column_major):
+    """The scales kernels write are laid out as native's: shape, dtype and strides."""
+    if column_major and len(shape) < 2:
+        pytest.skip("column-major scales need x of 2 or more dimensions (native raises)")
+    x = torch.randn(shape)
+    _q, want = vllm_ir.ops.dynamic_group_quant_fp8.fn(x, 128, column_major, False, torch.float8_e4m3fn)
+    got = empty_group_scales(x, 128, column_major)
+    assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, want.stride())

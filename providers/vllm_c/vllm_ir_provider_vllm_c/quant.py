@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from vllm_ir import Unsupported
+from vllm_ir.provider import empty_group_scales
 
 from ._extension import STATUS, VLLM_C, devices, torch_op
 
@@ -114,12 +115,7 @@ def dynamic_group_quant_fp8(
     x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-    groups = -(-x.shape[-1] // group_size)
-    if column_major:  # the last two dimensions transposed in memory: strides (1, M) for 2-D x
-        scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
-        scales = scales.transpose(-2, -1)
-    else:
-        scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+    scales = empty_group_scales(x, group_size, column_major)
     _group(out, scales, x, group_size, use_ue8m0)
     return out, scales
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.provider import empty_group_scales
 from vllm_ir_provider_triton import TRITON, interpreting
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -215,11 +216,6 @@ def dynamic_group_quant_fp8(x, group_size, column_major, use_ue8m0, fp8_dtype):
             f"dynamic_group_quant_fp8 (provider triton): group_size must be in [1, {MAX_GROUP}], got {group_size}"
         )
     q = _q_bytes(x)
-    groups = -(-x.shape[-1] // group_size)
-    if column_major:  # the last two dimensions transposed in memory: strides (1, M) for 2-D x
-        scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
-        scales = scales.transpose(-2, -1)
-    else:
-        scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+    scales = empty_group_scales(x, group_size, column_major)
     group_quant_fp8_out(q, scales, x, group_size, use_ue8m0, fp8_dtype)
     return q.view(fp8_dtype), scales
