@@ -467,6 +467,13 @@ print("ok")
 @pytest.mark.parametrize("variant", ["DEFAULT", "AVX2", "AVX512", "AVX512_BF16"])
 @pytest.mark.subprocess
 def test_every_compiled_cpu_variant_matches_native(variant):
+    assert verdict_in_variant(variant, _VARIANT_CHECK, timeout=120) == "ok"
+
+
+def verdict_in_variant(variant: str, script: str, *argv: str, timeout: int) -> str:
+    """What ``script`` prints after the variant that ran, in a child whose vllm_c kernels are
+    capped at ``variant``; skips where that variant was not compiled, is this process's own
+    (the in-process tests cover it), or this CPU cannot run it."""
     from vllm_ir_provider_vllm_c import _build_info
 
     if variant not in _build_info.CPU_CAPABILITIES:
@@ -474,12 +481,14 @@ def test_every_compiled_cpu_variant_matches_native(variant):
     if variant == provider.cpu_capability():
         pytest.skip(f"{variant} runs in this process: covered by the other tests")
     env = {**os.environ, "VLLM_IR_C_CPU_CAPABILITY": variant}
-    done = subprocess.run([sys.executable, "-c", _VARIANT_CHECK], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env, timeout=timeout
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ran, verdict = done.stdout.split()
     if ran != variant:
         pytest.skip(f"this CPU cannot run {variant} (ran {ran})")
-    assert verdict == "ok"
+    return verdict
 
 
 # ---------------------------------------------------------------------------------------

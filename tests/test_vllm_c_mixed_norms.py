@@ -6,9 +6,6 @@ the last whole step, and in every compiled CPU variant that streams (AVX2, AVX51
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -121,22 +118,6 @@ print("ok")
 @pytest.mark.parametrize("variant", ["AVX2", "AVX512"])
 def test_every_streaming_cpu_variant_gives_natives_bits(variant):
     """The other x86 variants stream through their own intrinsics; AVX512_BF16 runs in-process."""
-    from vllm_ir_provider_vllm_c import _build_info
+    from tests.test_provider_vllm_c import verdict_in_variant
 
-    if variant not in _build_info.CPU_CAPABILITIES:
-        pytest.skip(f"the {variant} kernels were not compiled on this machine")
-    if variant == provider.cpu_capability():
-        pytest.skip(f"{variant} runs in this process: covered by the other tests")
-    env = {**os.environ, "VLLM_IR_C_CPU_CAPABILITY": variant}
-    done = subprocess.run(
-        [sys.executable, "-c", _VARIANT_CHECK, str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ran, verdict = done.stdout.split()
-    if ran != variant:
-        pytest.skip(f"this CPU cannot run {variant} (ran {ran})")
-    assert verdict == "ok"
+    assert verdict_in_variant(variant, _VARIANT_CHECK, str(Path(__file__).parent), timeout=300) == "ok"
