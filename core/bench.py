@@ -35,7 +35,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -560,7 +560,9 @@ class HeatCell:
     close: bool = False
 
 
-def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def iqrs_overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two timings' interquartile ranges (``q1_us``..``q3_us``) overlap: noise could
+    explain the difference of their medians."""
     return a["q1_us"] <= b["q3_us"] and b["q1_us"] <= a["q3_us"]
 
 
@@ -574,7 +576,7 @@ def _speed_up(provider: str | None, timed: dict[str, dict[str, Any]]) -> SpeedUp
     if native is None:
         return SpeedUp(provider, None, note="no native")
     uncertain = any(x.get("noisy") or x.get("descheduled") for x in (r, native))
-    uncertain |= provider != "native" and _overlap(r, native)
+    uncertain |= provider != "native" and iqrs_overlap(r, native)
     return SpeedUp(provider, native["median_us"] / r["median_us"], uncertain)
 
 
@@ -593,7 +595,7 @@ def speed_ups(report: dict[str, Any]) -> dict[tuple[str, str, int], HeatCell]:
     for key, by_provider in timed.items():
         fastest = min(by_provider, key=lambda p: by_provider[p]["median_us"]) if by_provider else None
         chosen = by_provider.get(picks[key] or "")
-        close = chosen is not None and fastest is not None and _overlap(chosen, by_provider[fastest])
+        close = chosen is not None and fastest is not None and iqrs_overlap(chosen, by_provider[fastest])
         out[key] = HeatCell(_speed_up(picks[key], by_provider), _speed_up(fastest, by_provider), close)
     return out
 

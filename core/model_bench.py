@@ -248,8 +248,10 @@ def format_report(report: dict[str, Any]) -> str:
 
 def verdict(ours: dict[str, float], stock: dict[str, float]) -> str:
     """The time ratio in plain words, and whether the interquartile ranges say it is more than noise."""
+    from vllm_ir.bench import iqrs_overlap
+
     ratio = ours["median_us"] / stock["median_us"]
-    if ours["q1_us"] <= stock["q3_us"] and stock["q1_us"] <= ours["q3_us"]:
+    if iqrs_overlap(ours, stock):
         return f"vllm-ir eager takes {ratio:.3f}x stock eager's time: within noise (the interquartile ranges overlap)"
     faster = "faster" if ratio < 1 else "slower"
     return (
