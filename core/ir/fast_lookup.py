@@ -45,6 +45,9 @@ def _load() -> tuple[ModuleType | None, str | None]:
 
 
 _module, unavailable_reason = _load()
+#: ``call_facts(args, tensor_indices, token_indices, first)``: what the trace records of a call,
+#: in one C call (`vllm_ir.ir.observe.python_call_facts` is its reference), or None.
+call_facts = getattr(_module, "call_facts", None)
 
 
 def available() -> bool:

@@ -117,7 +117,7 @@ def decode_shapes(shapes: bytes) -> list[list[int] | None]:
 
 #: ``call_facts(args, tensor_indices, token_indices, first)``: `python_call_facts` in one C call,
 #: or None (Python reads them); None itself without the compiled extension.
-compiled_call_facts: Callable[..., CallFacts | None] | None = getattr(fast_lookup._module, "call_facts", None)
+compiled_call_facts: Callable[..., CallFacts | None] | None = fast_lookup.call_facts
 
 
 def call_site(op: IrOp, provider: str, form: str, skipped: tuple[tuple[str, str], ...] = ()) -> CallSite:
