@@ -31,14 +31,14 @@ loaded, batch invariance, compile facts...) and then registers each op's kernel 
 - `import_families` is the family-discovery scan providers share: every public module of a
   package is imported in name order, so adding an op family is adding a file.
 - `weight_or_ones` stands in a ones vector for ``weight=None`` where a vendor norm always
-  multiplies by a weight.
+  multiplies by a weight; `empty_group_scales` is the group-quant scales buffer in native's layout.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -310,15 +310,15 @@ def weight_or_ones(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor
     return _ones(x.shape[-1], x.dtype, x.device)
 
 
-def empty_group_scales(x: torch.Tensor, group_size: int, column_major: bool) -> torch.Tensor:
-    """The float32 scales a group-quant kernel writes for ``x``: one per ``group_size`` slice of
-    the last dimension (a partial last group counts), in the layout the op returns: with
-    ``column_major`` the last two dimensions transposed in memory (strides (1, M) for 2-D x)."""
-    groups = -(-x.shape[-1] // group_size)
+def empty_group_scales(shape: Sequence[int], group_size: int, column_major: bool, device: torch.device) -> torch.Tensor:
+    """The float32 scales a group-quant kernel writes for q of ``shape``: one per ``group_size``
+    slice of the last dimension (a partial last group counts), in the layout the op returns: with
+    ``column_major`` the last two dimensions transposed in memory (strides (1, M) for 2-D)."""
+    groups = -(-shape[-1] // group_size)
     if column_major:
-        scales = torch.empty((*x.shape[:-2], groups, x.shape[-2]), dtype=torch.float32, device=x.device)
+        scales = torch.empty((*shape[:-2], groups, shape[-2]), dtype=torch.float32, device=device)
         return scales.transpose(-2, -1)
-    return torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
+    return torch.empty((*shape[:-1], groups), dtype=torch.float32, device=device)
 
 
 @functools.cache

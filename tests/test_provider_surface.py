@@ -290,5 +290,5 @@ def test_empty_group_scales_take_the_layout_native_returns(shape, column_major):
         pytest.skip("column-major scales need x of 2 or more dimensions (native raises)")
     x = torch.randn(shape)
     _q, want = vllm_ir.ops.dynamic_group_quant_fp8.fn(x, 128, column_major, False, torch.float8_e4m3fn)
-    got = empty_group_scales(x, 128, column_major)
+    got = empty_group_scales(x.shape, 128, column_major, x.device)
     assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, want.stride())

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from vllm_ir import Unsupported
 from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
+from vllm_ir.provider import empty_group_scales
 
 from ._extension import STATUS, VLLM_C, devices, torch_op
 
@@ -130,7 +131,7 @@ def rms_norm_group_fp8_quant(
     x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype, inplace=False
 ):
     out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-    scales = _group_scales(x.shape, group_size, column_major, x.device)
+    scales = empty_group_scales(x.shape, group_size, column_major, x.device)
     residual = None if x_residual is None else (x_residual if inplace else torch.empty_like(x))
     _group_kernel(out, scales, residual, x, x_residual, weight, group_size, use_ue8m0, epsilon)
     return out, scales, residual
@@ -142,19 +143,9 @@ def silu_and_mul_group_fp8_quant(
 ) -> tuple[Tensor, Tensor]:
     shape = (*x.shape[:-1], x.shape[-1] // 2)
     out = torch.empty(shape, dtype=fp8_dtype, device=x.device)
-    scales = _group_scales(shape, group_size, column_major, x.device)
+    scales = empty_group_scales(shape, group_size, column_major, x.device)
     _silu_group(out, scales, x, group_size, use_ue8m0)
     return out, scales
-
-
-def _group_scales(shape: tuple[int, ...], group_size: int, column_major: bool, device: torch.device) -> Tensor:
-    """The scales of q of ``shape``: ``[*shape[:-1], groups]``, the last two dimensions
-    transposed in memory when ``column_major`` (strides ``(1, M)`` for 2-D), as native's."""
-    groups = -(-shape[-1] // group_size)
-    if column_major:
-        scales = torch.empty((*shape[:-2], groups, shape[-2]), dtype=torch.float32, device=device)
-        return scales.transpose(-2, -1)
-    return torch.empty((*shape[:-1], groups), dtype=torch.float32, device=device)
 
 
 def _first(*verdicts: Unsupported | None) -> bool | Unsupported:

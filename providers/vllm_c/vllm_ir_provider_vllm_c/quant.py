@@ -115,7 +115,7 @@ def dynamic_group_quant_fp8(
     x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-    scales = empty_group_scales(x, group_size, column_major)
+    scales = empty_group_scales(x.shape, group_size, column_major, x.device)
     _group(out, scales, x, group_size, use_ue8m0)
     return out, scales
 

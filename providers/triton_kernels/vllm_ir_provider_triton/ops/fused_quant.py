@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.provider import empty_group_scales
 from vllm_ir_provider_triton import TRITON
 from vllm_ir_provider_triton.ops.quant import _rows_stride, x_rows_verdict
 
@@ -131,15 +132,6 @@ def silu_group_supports(x, group_size, column_major, fp8_dtype) -> bool | vllm_i
     return _first(verdict)
 
 
-def _group_scales(shape: tuple[int, ...], group_size: int, column_major: bool, device: torch.device) -> Tensor:
-    """Native's scales layout: ``[*shape[:-1], groups]``, the last two dimensions transposed
-    in memory when ``column_major``."""
-    groups = -(-shape[-1] // group_size)
-    if column_major:
-        return torch.empty((*shape[:-2], groups, shape[-2]), dtype=torch.float32, device=device).transpose(-2, -1)
-    return torch.empty((*shape[:-1], groups), dtype=torch.float32, device=device)
-
-
 if TRITON.available:
     from vllm_ir_provider_triton.kernels.fused_quant import rms_norm_fp8_quant_out, silu_and_mul_fp8_quant_out
 
@@ -163,7 +155,7 @@ def _norm(
     if quant == _PER_TOKEN:
         scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     elif quant == _GROUP:
-        scales = _group_scales(tuple(x.shape), group_size, column_major, x.device)
+        scales = empty_group_scales(tuple(x.shape), group_size, column_major, x.device)
     rms_norm_fp8_quant_out(
         q, scales, residual, x, x_residual, weight, float(epsilon), scale, scale_ub, quant, group_size,
         use_ue8m0, fp8_dtype,
@@ -211,6 +203,6 @@ def silu_and_mul_group_fp8_quant(x, group_size, column_major, use_ue8m0, fp8_dty
     _check_group_size("silu_and_mul_group_fp8_quant", group_size)
     shape = (*x.shape[:-1], x.shape[-1] // 2)
     q = torch.empty(shape, dtype=torch.uint8, device=x.device)
-    scales = _group_scales(shape, group_size, column_major, x.device)
+    scales = empty_group_scales(shape, group_size, column_major, x.device)
     silu_and_mul_fp8_quant_out(q, scales, x, None, _GROUP, group_size, use_ue8m0, fp8_dtype)
     return q.view(fp8_dtype), scales

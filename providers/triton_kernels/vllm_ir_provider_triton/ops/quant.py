@@ -216,6 +216,6 @@ def dynamic_group_quant_fp8(x, group_size, column_major, use_ue8m0, fp8_dtype):
             f"dynamic_group_quant_fp8 (provider triton): group_size must be in [1, {MAX_GROUP}], got {group_size}"
         )
     q = _q_bytes(x)
-    scales = empty_group_scales(x, group_size, column_major)
+    scales = empty_group_scales(x.shape, group_size, column_major, x.device)
     group_quant_fp8_out(q, scales, x, group_size, use_ue8m0, fp8_dtype)
     return q.view(fp8_dtype), scales
