@@ -1,4 +1,4 @@
-"""Builds the optional ``vllm_ir._fast_lookup`` extension; metadata lives in pyproject.toml.
+"""Builds the optional ``vllm_ir.ir.dispatch._fast_lookup`` extension; metadata lives in pyproject.toml.
 
 The extension reads the eager decision-cache key straight from torch's tensors, so it is
 compiled against the installed torch, which is only visible without build isolation::
@@ -18,8 +18,8 @@ import sys
 
 from setuptools import setup
 
-EXTENSION = "vllm_ir._fast_lookup"
-SOURCES = ["csrc/fast_lookup.cpp"]
+EXTENSION = "vllm_ir.ir.dispatch._fast_lookup"
+SOURCES = ["core/ir/dispatch/fast_lookup.cpp"]
 WANTED = os.environ.get("VLLM_IR_BUILD_EXTENSION", "auto")
 
 

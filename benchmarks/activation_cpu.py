@@ -34,7 +34,7 @@ os.environ.setdefault("VLLM_IR_FALLBACK", "allow")
 import torch
 
 import vllm_ir
-from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
+from vllm_ir.tools.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 COLUMNS = ("vllm_c", "op()", "native", "compiled", "copy_")
 

@@ -2,7 +2,7 @@
 
 Issue 33 puts the range bucket of a tuning table into the decision key (`vllm_ir.ir.tuning`).
 This times the compiled lookup (``Lookup.lookup``, the whole cache-hit half of dispatch) of
-``rms_norm`` three ways, paired and interleaved (`vllm_ir.timing.paired_overhead`):
+``rms_norm`` three ways, paired and interleaved (`vllm_ir.tools.timing.paired_overhead`):
 
 - "before": the extension built from the commit before the bucket (``--baseline-extension``,
   a ``_fast_lookup*.so`` built from that commit with ``python setup.py build_ext --inplace``),
@@ -28,8 +28,9 @@ import itertools
 import torch
 
 import vllm_ir
-from vllm_ir.ir import fast_lookup, priority
-from vllm_ir.timing import machine_summary, paired_overhead
+from vllm_ir.ir import priority
+from vllm_ir.ir.dispatch import fast_lookup
+from vllm_ir.tools.timing import machine_summary, paired_overhead
 
 
 def _load(path: str):

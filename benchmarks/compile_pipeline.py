@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import vllm_ir
 from tests.compile_models import make_decoder
 from vllm_ir import passes
-from vllm_ir.timing import machine_summary, time_call
+from vllm_ir.tools.timing import machine_summary, time_call
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 NATIVE = {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}

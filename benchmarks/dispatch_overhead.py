@@ -11,7 +11,7 @@ Five figures per case, all medians of interleaved side-by-side blocks:
   that Dynamo can inline costs before any dispatching;
 - "dispatch only": the same priority with a no-op kernel, isolating the framework's own cost;
 - "pure Python": dispatch only through the Python reference path, which runs where the
-  vllm_ir._fast_lookup extension is not built (or VLLM_IR_FAST_LOOKUP=0);
+  vllm_ir.ir.dispatch._fast_lookup extension is not built (or VLLM_IR_FAST_LOOKUP=0);
 - "torch.ops path": dispatch only through ``torch.ops.vllm_ir.rms_norm.default``, the path of
   a compiled graph that kept the IR node (the torch dispatcher, then the op's kernel).
 The first figure is stable within a process but differs between processes (0.15-0.6 us here
@@ -47,8 +47,10 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir import dispatch, fast_lookup, torch_library
-from vllm_ir.timing import machine_summary, paired_overhead
+from vllm_ir.ir import torch_library
+from vllm_ir.ir.dispatch import entry_points as dispatch
+from vllm_ir.ir.dispatch import fast_lookup
+from vllm_ir.tools.timing import machine_summary, paired_overhead
 
 TARGET_US = 0.5
 CASES = [(tokens, head) for tokens in (1, 16) for head in ((), ("bench_declines",))]

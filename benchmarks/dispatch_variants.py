@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir import fast_lookup
-from vllm_ir.timing import machine_summary, paired_overhead
+from vllm_ir.ir.dispatch import fast_lookup
+from vllm_ir.tools.timing import machine_summary, paired_overhead
 
 ROWS = (
     "op(...), grad mode on",

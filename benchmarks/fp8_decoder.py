@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import vllm_ir
 from tests.compile_models import compile_with_passes, passes_always_run
 from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
-from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
+from vllm_ir.tools.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 ops = vllm_ir.ops
 FP8 = torch.float8_e4m3fn

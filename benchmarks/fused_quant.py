@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
+from vllm_ir.tools.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 EPS = 1e-6
 

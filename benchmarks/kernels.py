@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import vllm_ir
-from vllm_ir.timing import machine_summary, time_call
+from vllm_ir.tools.timing import machine_summary, time_call
 
 EPS = 1e-6
 COLUMNS = ("native", "compiled", "aten", "vllm_c", "vllm_c out", "op()", "op() c+ip", "copy_")

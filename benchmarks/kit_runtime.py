@@ -43,10 +43,10 @@ import importlib, json, sys
 import vllm_ir, vllm_ir.testing
 out = {"vllm_ir": vllm_ir.__file__, "vllm_ir.testing": vllm_ir.testing.__file__}
 try:
-    import vllm_ir._fast_lookup as fl
-    out["vllm_ir._fast_lookup"] = fl.__file__
+    import vllm_ir.ir.dispatch._fast_lookup as fl
+    out["vllm_ir.ir.dispatch._fast_lookup"] = fl.__file__
 except ImportError as exc:
-    out["vllm_ir._fast_lookup"] = f"(not built: {exc})"
+    out["vllm_ir.ir.dispatch._fast_lookup"] = f"(not built: {exc})"
 for name in sys.argv[1:]:
     mod = importlib.import_module(f"vllm_ir_provider_{name}")
     out[mod.__name__] = mod.__file__

@@ -5,7 +5,7 @@ semantics multiply the fp32 normalized row by the fp32 weight and round once to 
 vllm_c runs that without a fallback. This times the kernels with preallocated outputs (rms_norm
 into ``out``; fused_add_rms_norm in place) beside ``dst.copy_(src)`` of the same bytes (rms_norm:
 x read and written; fused: x and residual read and written; the weight is not counted), the two
-timed back to back in every round (`vllm_ir.timing.interleaved_rounds`), and prints the median
+timed back to back in every round (`vllm_ir.tools.timing.interleaved_rounds`), and prints the median
 over rounds of copy_'s time over the kernel's: the fraction of ``copy_`` bandwidth (target 0.8).
 
     OMP_NUM_THREADS=2 python benchmarks/norm_weight_dtypes.py [--tokens 256,4096] [--rounds 7]
@@ -18,7 +18,7 @@ import argparse
 import torch
 
 import vllm_ir
-from vllm_ir.timing import interleaved_rounds, median_ratio
+from vllm_ir.tools.timing import interleaved_rounds, median_ratio
 
 EPS = 1e-6
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -36,7 +36,7 @@ import os
 import torch
 
 import vllm_ir
-from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
+from vllm_ir.tools.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 
 def main() -> None:

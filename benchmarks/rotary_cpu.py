@@ -35,7 +35,7 @@ import torch
 
 import vllm_ir
 from vllm_ir.ir.declarations.rotary import build_cos_sin_cache
-from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
+from vllm_ir.tools.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 HEADS, HEAD_SIZE, MAX_POSITION = 32, 128, 8192
 COLUMNS = ("native", "compiled", "vllm_c", "mi()", "copy_")

@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 
-from vllm_ir.timing import machine_summary
+from vllm_ir.tools.timing import machine_summary
 
 PROBE = r"""
 import gc, json, sys, time

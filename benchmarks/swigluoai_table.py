@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_IR_FALLBACK", "allow")
 
 import torch
 
-from vllm_ir.timing import best_of, interleaved_rounds, machine_summary, median_ratio
+from vllm_ir.tools.timing import best_of, interleaved_rounds, machine_summary, median_ratio
 
 TABLE_CAP = 16  # table16::kMaxKeyedTables
 

@@ -1,7 +1,7 @@
 """What tracing costs per call: `vllm_ir.trace` on vs off.
 
 Target (the trace issue): at most 1 us per call with tracing on, on this CPU. Each figure is
-`vllm_ir.timing.paired_overhead`: interleaved blocks of the same call with and without the
+`vllm_ir.tools.timing.paired_overhead`: interleaved blocks of the same call with and without the
 feature, median of per-pair differences (this VM drifts; separate runs would absorb it).
 
 - "trace on": ``op(x, w, eps)`` inside ``vllm_ir.trace()`` minus outside it. Both calls run
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.timing import machine_summary, paired_overhead
+from vllm_ir.tools.timing import machine_summary, paired_overhead
 
 TARGET_US = 1.0
 

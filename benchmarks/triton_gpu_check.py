@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import vllm_ir
-from vllm_ir.timing import machine_summary, time_cuda
+from vllm_ir.tools.timing import machine_summary, time_cuda
 
 PEAK_GBPS = 4800.0
 

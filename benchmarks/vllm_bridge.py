@@ -52,7 +52,8 @@ def per_call(samples: int, inner: int) -> list[dict[str, float]]:
     import vllm.ir
     from vllm.plugins import load_general_plugins
 
-    from vllm_ir import timing, vllm_bridge
+    from vllm_ir.integrations import vllm as vllm_bridge
+    from vllm_ir.tools import timing
 
     os.environ.pop("VLLM_PLUGINS", None)
     load_general_plugins()

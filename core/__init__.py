@@ -5,9 +5,6 @@ y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
 print(vllm_ir.ops.rms_norm.explain(x, weight, 1e-6))
 """
 
-from vllm_ir import log as _log
-from vllm_ir import plugins as _plugins
-from vllm_ir.env import ConfigError, ConfigWarning
 from vllm_ir.errors import (
     DonationError,
     FallbackError,
@@ -20,11 +17,11 @@ from vllm_ir.errors import (
     UnknownOpError,
     VllmIrError,
 )
-from vllm_ir.hookspecs import hookimpl
 from vllm_ir.ir import declarations as _declarations  # noqa: F401  (registers the core ops)
 from vllm_ir.ir import priority as _priority_module
 from vllm_ir.ir.comparison import Comparison
-from vllm_ir.ir.decision_cache import dispatch_stats, reset_dispatch_stats
+from vllm_ir.ir.dispatch.decision_cache import dispatch_stats, reset_dispatch_stats
+from vllm_ir.ir.dispatch.selection import Decision, Explanation, Verdict
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
 from vllm_ir.ir.op import IrOp, register_op
 from vllm_ir.ir.priority import (
@@ -37,9 +34,8 @@ from vllm_ir.ir.priority import (
     set_priority,
 )
 from vllm_ir.ir.registry import ops, ops_implemented_by
-from vllm_ir.ir.selection import Decision, Explanation, Verdict
-from vllm_ir.platforms import Platform
-from vllm_ir.plugins import (
+from vllm_ir.plugins import discovery as _plugins
+from vllm_ir.plugins.discovery import (
     PluginError,
     ProviderRecord,
     ProviderStatus,
@@ -48,12 +44,16 @@ from vllm_ir.plugins import (
     load_providers,
     provider_records,
 )
-from vllm_ir.provider import Provider
+from vllm_ir.plugins.hookspecs import hookimpl
+from vllm_ir.plugins.platforms import Platform
+from vllm_ir.plugins.provider import Provider
+from vllm_ir.settings import log as _log
+from vllm_ir.settings.env import ConfigError, ConfigWarning
 
 _log.configure_from_env()
 _plugins.install()
 if _priority_module.process_traced:  # VLLM_IR_TRACE=1
-    from vllm_ir import tracing as _tracing
+    from vllm_ir.tools import tracing as _tracing
 
     _tracing.start_process_trace()
 
@@ -62,9 +62,9 @@ _LAZY = {
     "compile": "vllm_ir.passes",
     "inductor_options": "vllm_ir.passes",
     "passes": "vllm_ir.passes",
-    "trace": "vllm_ir.tracing",
-    "Trace": "vllm_ir.tracing",
-    "TraceExportError": "vllm_ir.tracing",
+    "trace": "vllm_ir.tools.tracing",
+    "Trace": "vllm_ir.tools.tracing",
+    "TraceExportError": "vllm_ir.tools.tracing",
 }
 
 

@@ -1,5 +1,5 @@
 import sys
 
-from vllm_ir.cli import main
+from vllm_ir.tools.cli import main
 
 sys.exit(main())

@@ -6,7 +6,26 @@ provider, so a user reading a traceback from deep inside a model knows where to 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem with a setting: where it is, what is wrong, and how to fix it."""
+
+    #: The variable (``VLLM_IR_PROVIDERS``) or config location (``config /etc/x.toml, line 3, key fallback``).
+    setting: str
+    message: str
+    fix: str
+    #: Valid, but names something this machine lacks: a note, not a problem.
+    here_only: bool = False
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_json(self) -> dict[str, object]:
+        return {"setting": self.setting, "message": self.message, "fix": self.fix}
 
 
 class VllmIrError(Exception):
@@ -34,15 +53,13 @@ class ConfigError(PriorityError):
     """A setting (environment variable or config-file entry) is malformed or names something unknown.
 
     The message names the variable (or file, line and key), the value and the accepted values;
-    `finding` (a `vllm_ir.env.Finding`) carries the same with a suggested fix. A `PriorityError`
+    `finding` (a `vllm_ir.settings.env.Finding`) carries the same with a suggested fix. A `PriorityError`
     because `vllm_ir.reload_env`, which re-reads the priority and policy settings, documents
-    raising one; also importable as ``vllm_ir.env.ConfigError``.
+    raising one; also importable as ``vllm_ir.settings.env.ConfigError``.
     """
 
     def __init__(self, finding: Any, *, setting: str = "", fix: str = ""):
         if isinstance(finding, str):
-            from vllm_ir.env import Finding
-
             finding = Finding(setting, finding, fix)
         super().__init__(finding.message)
         self.finding = finding

@@ -1,11 +1,11 @@
 """Write the manual's generated references from their one source of truth, so they cannot drift.
 
-- docs/settings.md, section ``variables``: every variable of `vllm_ir.env.VARIABLES`;
+- docs/settings.md, section ``variables``: every variable of `vllm_ir.settings.env.VARIABLES`;
 - docs/settings.md, section ``config-keys``: every key the config loader accepts
-  (`vllm_ir.config.KEYS`; what each takes is written here, and a key without a line here, or
+  (`vllm_ir.settings.config.KEYS`; what each takes is written here, and a key without a line here, or
   a line for a key the loader no longer has, is an error);
 - docs/cli.md, section ``cli``: every verb and option of the argparse parsers
-  (`vllm_ir.cli.build_parser`).
+  (`vllm_ir.tools.cli.build_parser`).
 
 Each section sits between two marker comments in its file; the prose around it is written by
 hand. ``python scripts/gen_reference.py`` rewrites the sections, ``--check`` only says which
@@ -28,7 +28,7 @@ END = "<!-- END GENERATED {name} -->"
 WIDTH = 100
 
 #: What each config-file key takes, and how it meets its environment variable (by the
-#: variable's constant in vllm_ir.env). Switches (`vllm_ir.config.SWITCHES`) take true or false.
+#: variable's constant in vllm_ir.settings.env). Switches (`vllm_ir.settings.config.SWITCHES`) take true or false.
 CONFIG_KEYS: dict[str, tuple[str, str, str]] = {
     "platform": ('a plugin name, or `"builtin"`', "ENV_PLATFORM", "yields to"),
     "fallback": ('`"allow"`, `"warn"` or `"error"`', "ENV_FALLBACK", "yields to"),
@@ -55,7 +55,7 @@ def _cell(text: str) -> str:
 
 
 def variables() -> str:
-    from vllm_ir import env
+    from vllm_ir.settings import env
 
     rows = ["| variable | takes |", "|---|---|"]
     rows += [f"| `{name}` | {_cell(takes)} |" for name, takes in env.VARIABLES.items()]
@@ -63,7 +63,7 @@ def variables() -> str:
 
 
 def config_keys() -> str:
-    from vllm_ir import config, env
+    from vllm_ir.settings import config, env
 
     keys = set(config.KEYS)
     if keys != set(CONFIG_KEYS):
@@ -135,7 +135,7 @@ def _verb(parser: argparse.ArgumentParser, level: str) -> list[str]:
 
 
 def cli() -> str:
-    from vllm_ir import cli as vllm_ir_cli
+    from vllm_ir.tools import cli as vllm_ir_cli
 
     top = vllm_ir_cli.build_parser()
     verbs = _subcommands(top)

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import vllm_ir
-from vllm_ir import plugins
 from vllm_ir.ir import registry
+from vllm_ir.plugins import discovery as plugins
 
 _ENV = (
     "VLLM_IR_OP_PRIORITY",

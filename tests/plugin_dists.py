@@ -55,7 +55,7 @@ def isolated_site(root: Path, monkeypatch: Any) -> Iterator[Path]:
     Modules named ``tp_*`` that a test imported are forgotten afterwards. Use as
     ``yield from isolated_site(tmp_path, monkeypatch)``.
     """
-    from vllm_ir import plugins
+    from vllm_ir.plugins import discovery as plugins
 
     monkeypatch.syspath_prepend(str(root))
     for var in (

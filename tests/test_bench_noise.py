@@ -18,7 +18,7 @@ import torch
 
 from tests.plugin_dists import make_dist
 from tests.test_cli import run
-from vllm_ir import bench
+from vllm_ir.tools import bench
 
 JITTERY = """
 import random, time
@@ -154,7 +154,7 @@ def test_an_emitted_priority_is_accepted_by_vllm_ir(tmp_path):
 def test_a_steady_figure_of_descheduled_rounds_is_flagged_and_not_learned():
     """Issue 33: under load a figure can be a steady multiple of the scheduler's tick (±0%):
     the spread cannot see that, the thread's CPU time against the wall clock can."""
-    from vllm_ir import timing
+    from vllm_ir.tools import timing
 
     def off_cpu():
         time.sleep(0.002)  # the timing thread is off the CPU the whole call, as when descheduled
@@ -173,7 +173,7 @@ def test_a_steady_figure_of_descheduled_rounds_is_flagged_and_not_learned():
     result = bench.Result("rms_norm", "float32", 16, 64, "tp", "ok")
     bench._fill(result, s, 1024)
     assert result.noisy and result.descheduled and result.descheduled_rounds == s.rounds
-    from vllm_ir import tune
+    from vllm_ir.tools import tune
 
     row = vars(result) | {"dispatcher_picks": "native"}
     assert tune.order_case([row], "native")[0] is None  # tune never learns from it

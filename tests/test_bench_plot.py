@@ -1,7 +1,7 @@
 """``vllm-ir bench --plot``: the summary heat map first, per-op panels on request, one colour per
 provider in every figure, the machine in the title, noise marked, % of copy_ only out of cache.
 
-The reports are hand-built from `vllm_ir.bench.Result` rows (the JSON schema bench writes), so
+The reports are hand-built from `vllm_ir.tools.bench.Result` rows (the JSON schema bench writes), so
 each test decides which figures are noisy or out of cache; one test runs the real command.
 """
 
@@ -18,7 +18,7 @@ from importlib.util import find_spec
 import pytest
 
 from tests.test_cli import run
-from vllm_ir import bench, model_bench
+from vllm_ir.tools import bench, model_bench
 
 needs_matplotlib = pytest.mark.skipif(
     find_spec("matplotlib") is None, reason="matplotlib is not installed (pip install -e '.[dev]' installs it)"
@@ -270,7 +270,7 @@ def test_bench_model_says_whether_the_difference_is_within_noise():
 
 PROFILE = """
 import torch
-from vllm_ir import model_bench
+from vllm_ir.tools import model_bench
 
 layer, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
 print(model_bench.profile_step(layer, lambda: layer(x))["norm_act_share"])

@@ -299,7 +299,7 @@ def test_an_invalid_log_level_is_a_warning_a_problem_and_a_listed_setting(tmp_pa
 SET_PRIORITY_ABSENT = """
 import json, warnings
 import vllm_ir
-from vllm_ir.cli import main
+from vllm_ir.tools.cli import main
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -392,7 +392,7 @@ REAL_CALLS = [
     ("op_name", "shape", "make_args"), REAL_CALLS, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else None
 )
 def test_explain_shape_is_the_input_shape_and_answers_as_a_real_call(capsys, op_name, shape, make_args, dtype):
-    from vllm_ir import cli
+    from vllm_ir.tools import cli
 
     text = "x".join(map(str, shape))
     assert cli.main(["explain", op_name, "--shape", text, "--dtype", dtype, "--device", "cpu", "--json"]) == 0
@@ -405,7 +405,7 @@ def test_explain_shape_is_the_input_shape_and_answers_as_a_real_call(capsys, op_
 
 
 def test_a_gated_op_with_an_odd_width_is_declined_as_in_a_real_call(capsys):
-    from vllm_ir import cli
+    from vllm_ir.tools import cli
 
     assert cli.main(["explain", "silu_and_mul", "--shape", "16x4097", "--json"]) == 0
     verdicts = {v["provider"]: v for v in json.loads(capsys.readouterr().out)["verdicts"]}
@@ -419,10 +419,10 @@ def test_a_gated_op_with_an_odd_width_is_declined_as_in_a_real_call(capsys):
      ("float", "float32"), ("torch.bfloat16", "bfloat16"), ("float64", "float64")],
 )  # fmt: skip
 def test_dtype_aliases_are_accepted_wherever_dtype_is(text, dtype):
-    from vllm_ir import cli
+    from vllm_ir.tools import arguments, cli
 
-    assert cli._parse_dtype(text) is getattr(torch, dtype)
-    assert cli._parse_dtypes(f"{text},fp32") == list(dict.fromkeys([getattr(torch, dtype), torch.float32]))
+    assert arguments.parse_dtype(text) is getattr(torch, dtype)
+    assert arguments.parse_dtypes(f"{text},fp32") == list(dict.fromkeys([getattr(torch, dtype), torch.float32]))
     for verb in (["explain", "rms_norm"], ["bench", "rms_norm"], ["tune"]):
         assert cli.build_parser().parse_args([*verb, "--dtype", text]).dtype in (
             getattr(torch, dtype),

@@ -179,7 +179,7 @@ def test_unreadable_facts_turn_the_cache_off_with_a_warning(facts, reason):
 def test_the_triton_provider_declares_its_version_interpreter_and_kernel_sources():
     if importlib.util.find_spec("vllm_ir_provider_triton") is None or importlib.util.find_spec("triton") is None:
         pytest.skip("providers/triton_kernels or triton is not installed")
-    from vllm_ir import plugins
+    from vllm_ir.plugins import discovery as plugins
 
     plugins.load_provider("triton")
     impl = ops.rms_norm.impls["triton"]

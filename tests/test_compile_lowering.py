@@ -196,7 +196,7 @@ def test_inplace_implementation_written_with_aten_out_ops_is_lowered():
 
 def test_real_cpp_kernels_stay_single_nodes_without_clones():
     """With the vllm_c C++ extension (when built here): one extension call per IR node, no clone."""
-    from vllm_ir import plugins
+    from vllm_ir.plugins import discovery as plugins
 
     try:
         plugins.load_provider("vllm_c")  # plugin autoload is off in the test suite

@@ -15,7 +15,8 @@ import torch
 import vllm_ir
 from tests.plugin_dists import GOOD_IMPL, isolated_site, make_dist
 from tests.test_cli import run
-from vllm_ir import ConfigError, ConfigWarning, PriorityLayer, ProviderStatus, config, env
+from vllm_ir import ConfigError, ConfigWarning, PriorityLayer, ProviderStatus
+from vllm_ir.settings import config, env
 
 VARS = ("VLLM_IR_PLATFORM", "VLLM_IR_CONFIG")
 
@@ -258,7 +259,7 @@ def test_an_unknown_platform_choice_lists_the_claimants(two_claims, monkeypatch)
 def test_the_config_file_can_choose_the_platform(two_claims, monkeypatch):
     path = _write(two_claims, 'platform = "tp_claim_x"\n')
     _use(monkeypatch, path)
-    vllm_ir.plugins.reset_for_tests()
+    vllm_ir.plugins.discovery.reset_for_tests()
     assert vllm_ir.current_platform().claimed_by == "tp_claim_x"
 
 

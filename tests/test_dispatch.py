@@ -82,8 +82,8 @@ def test_broken_predicate_skips_its_provider_with_the_error_as_reason(predicate,
     assert sloppy.calls == []
     verdicts = {v.provider: v for v in op.explain(x, w, eps).verdicts}
     assert verdicts["sloppy"].status == "declined" and problem in verdicts["sloppy"].reason
-    assert list(vllm_ir.ir.selection.predicate_errors()) == [("rms_norm", "sloppy")]
-    assert problem in vllm_ir.ir.selection.predicate_errors()["rms_norm", "sloppy"]
+    assert list(vllm_ir.ir.dispatch.selection.predicate_errors()) == [("rms_norm", "sloppy")]
+    assert problem in vllm_ir.ir.dispatch.selection.predicate_errors()["rms_norm", "sloppy"]
     assert any(problem in r for r in vllm_ir.dispatch_stats()["rms_norm"]["sloppy"])
     with warnings.catch_warnings():  # shown once
         warnings.simplefilter("error", vllm_ir.ProviderWarning)

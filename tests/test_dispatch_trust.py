@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import vllm_ir
-from vllm_ir.ir import aliasing, fast_lookup
+from vllm_ir.ir.dispatch import donation as aliasing
+from vllm_ir.ir.dispatch import fast_lookup
 
 op = vllm_ir.ops.fused_add_rms_norm
 EPS = 1e-6
@@ -131,7 +132,9 @@ def _overlap_grid():
         yield f"{n1}-{n2}", (a, b, None, EPS)
 
 
-@pytest.mark.skipif(not fast_lookup.available(), reason=f"vllm_ir._fast_lookup: {fast_lookup.unavailable_reason}")
+@pytest.mark.skipif(
+    not fast_lookup.available(), reason=f"vllm_ir.ir.dispatch._fast_lookup: {fast_lookup.unavailable_reason}"
+)
 def test_compiled_overlap_check_agrees_with_the_python_reference():
     compiled, donated_mask, tensor_mask = fast_lookup.donation_conflict_checker(op)
     answers = set()
@@ -209,7 +212,8 @@ def _hidden_64_only(x, weight, epsilon, variance_size=None):
 
 def _python_cached_dispatch(ir_op):
     """``ir_op.cached_dispatch`` as generated without the compiled lookup (same cache dicts)."""
-    from vllm_ir.ir import dispatch, torch_library
+    from vllm_ir.ir import torch_library
+    from vllm_ir.ir.dispatch import entry_points as dispatch
 
     overload = torch_library.overload(ir_op.name)
     which = dispatch.build_entry_points(ir_op, ir_op.decision_cache, overload, overload, None).which

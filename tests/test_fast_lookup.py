@@ -1,4 +1,4 @@
-"""The compiled cache-hit path (vllm_ir._fast_lookup) decides exactly like the Python path.
+"""The compiled cache-hit path (vllm_ir.ir.dispatch._fast_lookup) decides exactly like the Python path.
 
 The Python path is the reference: every call here is made through both and through
 `decide()` (no cache at all), over arguments that differ in each fact the key holds.
@@ -20,13 +20,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vllm_ir
 from tests.ops_for_tests import rms_norm_impl
-from vllm_ir.ir import decision_cache, dispatch, fast_lookup, selection, torch_library
+from vllm_ir.ir import torch_library
+from vllm_ir.ir.dispatch import decision_cache, fast_lookup, selection
+from vllm_ir.ir.dispatch import entry_points as dispatch
 
 ROOT = Path(__file__).resolve().parents[1]
 op = vllm_ir.ops.rms_norm
 
 needs_extension = pytest.mark.skipif(
-    not fast_lookup.available(), reason=f"vllm_ir._fast_lookup: {fast_lookup.unavailable_reason}"
+    not fast_lookup.available(), reason=f"vllm_ir.ir.dispatch._fast_lookup: {fast_lookup.unavailable_reason}"
 )
 
 
@@ -36,8 +38,8 @@ def test_the_dev_environment_runs_the_compiled_lookup():
     if os.environ.get(fast_lookup.ENV_VAR) == "0":
         pytest.skip(f"{fast_lookup.ENV_VAR}=0")
     if not fast_lookup.available() and not (shutil.which("c++") or shutil.which("g++")):
-        pytest.skip(f"no C++ compiler here, so vllm_ir._fast_lookup is {fast_lookup.unavailable_reason}")
-    assert fast_lookup.describe() == f"compiled (vllm_ir._fast_lookup, built for torch {torch.__version__})"
+        pytest.skip(f"no C++ compiler here, so vllm_ir.ir.dispatch._fast_lookup is {fast_lookup.unavailable_reason}")
+    assert fast_lookup.describe() == f"compiled (vllm_ir.ir.dispatch._fast_lookup, built for torch {torch.__version__})"
     assert op.decision_cache.lookup is not None
 
 
@@ -291,14 +293,14 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_an_extension_built_for_another_torch_is_refused_and_python_runs():
     result = _run(
         "import torch; torch.__version__ = '9.9.9'\n"
-        "import vllm_ir; from vllm_ir.ir import fast_lookup\n"
+        "import vllm_ir; from vllm_ir.ir.dispatch import fast_lookup\n"
         "print(fast_lookup.describe())\n"
         "print(vllm_ir.ops.rms_norm(torch.ones(2, 8), None, 1e-6).sum().item())\n"
     )
     assert result.returncode == 0, result.stderr
     detail, value = result.stdout.splitlines()
     assert detail == (
-        "pure Python (not loadable: vllm_ir._fast_lookup was built for torch "
+        "pure Python (not loadable: vllm_ir.ir.dispatch._fast_lookup was built for torch "
         f"{torch.__version__} but torch 9.9.9 is running)"
     )
     assert float(value) == pytest.approx(16.0, rel=1e-4)

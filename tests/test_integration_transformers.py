@@ -371,7 +371,7 @@ def test_gradients_reach_the_parameters():
 
 
 def test_bench_model_times_stock_and_kernelized_steps(tmp_path, capsys):
-    from vllm_ir import cli
+    from vllm_ir.tools import cli
 
     out = tmp_path / "model.json"
     argv = ["bench", "--model", "qwen3", "--layers", "1", "--hidden", "64", "--tokens", "4", "--quick", "--rounds", "1"]

@@ -63,8 +63,8 @@ def test_override_tolerance_is_set_tolerance():
 
 
 def test_bench_and_kit_name_op_and_dtype_when_a_tolerance_is_missing():
-    from vllm_ir.bench import validate_case
     from vllm_ir.testing import Case, compare
+    from vllm_ir.tools.bench import validate_case
 
     op = _fresh_op()
     impl_fn = op.register_impl("int_kernel")(lambda x, factor: x * factor)
@@ -119,7 +119,7 @@ def test_a_duplicate_op_error_shows_both_declaration_sites():
 def test_explain_verbose_prints_and_returns_the_registration_stacks(capsys):
     import json
 
-    from vllm_ir.cli import main
+    from vllm_ir.tools.cli import main
 
     assert main(["explain", "rms_norm", "--shape", "2x8", "--verbose"]) == 0
     text = capsys.readouterr().out

@@ -11,7 +11,8 @@ import torch
 
 import vllm_ir
 from tests.plugin_dists import make_dist
-from vllm_ir import ProviderStatus, plugins
+from vllm_ir import ProviderStatus
+from vllm_ir.plugins import discovery as plugins
 
 # Only a hook asking for "triton" first (the triton provider itself may or may not be loaded).
 TRITON_DEFAULTS = """

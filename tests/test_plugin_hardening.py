@@ -15,8 +15,10 @@ import torch
 
 import vllm_ir
 from tests.plugin_dists import GOOD_IMPL, isolated_site, make_dist
-from vllm_ir import ProviderStatus, cli, plugins
+from vllm_ir import ProviderStatus
 from vllm_ir.ir import registry
+from vllm_ir.plugins import discovery as plugins
+from vllm_ir.tools import cli
 
 
 @pytest.fixture
@@ -366,7 +368,9 @@ def test_discovery_logs_every_step_at_debug(site, caplog):
     make_dist(site, "tp-log-broken", "raise ImportError('libvendor.so not found')\n")
     with caplog.at_level(logging.DEBUG, logger="vllm_ir.plugins"), pytest.warns(RuntimeWarning):
         vllm_ir.provider_records()
-    messages = [r.getMessage() for r in caplog.records if r.name == "vllm_ir.plugins" and r.levelno == logging.DEBUG]
+    messages = [
+        r.getMessage() for r in caplog.records if r.name == "vllm_ir.plugins" and r.levelno == logging.DEBUG
+    ]
 
     def logged(fragment):
         return any(fragment in m for m in messages)

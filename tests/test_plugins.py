@@ -10,7 +10,8 @@ import torch
 
 import vllm_ir
 from tests.plugin_dists import GOOD_IMPL, isolated_site, make_dist
-from vllm_ir import PluginError, ProviderStatus, plugins
+from vllm_ir import PluginError, ProviderStatus
+from vllm_ir.plugins import discovery as plugins
 
 HOOKS = """
 import vllm_ir
@@ -265,7 +266,7 @@ def test_plugins_declare_their_environment_variables(site):
     declared = plugins.provider_variables()
     assert declared["TP_VARS_MODE"] == ("tp_vars", "a or b")
     assert "lower" not in declared
-    (problem,) = [f for f in vllm_ir.env.findings() if "tp_badvars" in f.message]
+    (problem,) = [f for f in vllm_ir.settings.env.findings() if "tp_badvars" in f.message]
     assert "'lower' is not a variable name" in problem.message and "its variables are not listed" in problem.message
     assert _record("tp_badvars").status is ProviderStatus.LOADED  # display only: the plugin keeps working
     # The in-repo plugins declare what their READMEs document.
@@ -285,7 +286,9 @@ def test_plugins_declare_their_environment_variables(site):
     ],
 )
 def test_environment_variables_hook_results_are_checked(result, message):
-    with pytest.raises(vllm_ir.hookspecs.HookResultError, match=message):
-        vllm_ir.hookspecs.check_environment_variables(result)
-    assert vllm_ir.hookspecs.check_environment_variables(None) == {}
-    assert vllm_ir.hookspecs.check_environment_variables({"VLLM_IR_X": " one line "}) == {"VLLM_IR_X": "one line"}
+    with pytest.raises(vllm_ir.plugins.hookspecs.HookResultError, match=message):
+        vllm_ir.plugins.hookspecs.check_environment_variables(result)
+    assert vllm_ir.plugins.hookspecs.check_environment_variables(None) == {}
+    assert vllm_ir.plugins.hookspecs.check_environment_variables({"VLLM_IR_X": " one line "}) == {
+        "VLLM_IR_X": "one line"
+    }

@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import vllm_ir
 from vllm_ir import Provider, RegistrationError, Unsupported
-from vllm_ir.provider import adapt_predicate, default_fakes, empty_group_scales, import_families, weight_or_ones
+from vllm_ir.plugins.provider import adapt_predicate, default_fakes, empty_group_scales, import_families, weight_or_ones
 
 _count = iter(range(1_000_000))
 

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import vllm_ir
-from vllm_ir import platforms
 from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
+from vllm_ir.plugins import platforms
 
 provider = pytest.importorskip(
     "vllm_ir_provider_vllm_c",
@@ -612,7 +612,7 @@ def register(status):
 
 _TOY_CHECK = """
 import torch, vllm_ir, vllm_ir_provider_vllm_c as p
-from vllm_ir import platforms
+from vllm_ir.plugins import platforms
 assert p.STATUS.loaded, p.STATUS
 assert [f.__name__ for f in p.FAMILIES] == ["vllm_ir_provider_vllm_c.toy"]
 assert p.vllm_ir_default_priority(platforms.CPU, "eager") == {"toy_scale": ["vllm_c"]}

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir import fast_lookup
+from vllm_ir.ir.dispatch import fast_lookup
 
 # Imported at collection, before conftest's per-test registry snapshot: every test sees vllm_c.
 try:

@@ -13,7 +13,7 @@ checked its own way (a test id names the file and the block's first line, ``docs
   and every name it imports (``import m``, ``from m import x``) and every attribute it reads
   from ``vllm_ir`` or ``torch`` (``vllm_ir.compile``) must exist; nothing is run.
 - ```toml: a site config file (``VLLM_IR_CONFIG``): loaded and validated by vllm-ir's own
-  loader (`vllm_ir.config`, then ``vllm_ir.reload_env()``, which raises on any problem) in a
+  loader (`vllm_ir.settings.config`, then ``vllm_ir.reload_env()``, which raises on any problem) in a
   fresh interpreter with the installed providers, and must be valid.
 - ```bash: every command ``vllm-ir <verb> ...`` (also in a comment's `backticks`) names a
   verb of the CLI, and every option after it is one that verb's argparse parser accepts (a
@@ -24,7 +24,7 @@ checked its own way (a test id names the file and the block's first line, ``docs
 
 Every relative link leads to a file, and an anchor to a heading of it. The settings and CLI
 references in docs/ are generated (``scripts/gen_reference.py``) from
-`vllm_ir.env.VARIABLES`, the config loader's keys and the argparse parsers; a test fails when
+`vllm_ir.settings.env.VARIABLES`, the config loader's keys and the argparse parsers; a test fails when
 the checked-in text differs from what the generator writes now.
 """
 
@@ -307,7 +307,7 @@ def test_no_run_block_compiles_and_its_names_exist(where, line, code):
     "code",
     [
         "from vllm_ir.passes import tensor_parallel_fusion\n",  # a misspelt name
-        "from vllm_ir.env import no_such_setting\n",
+        "from vllm_ir.settings.env import no_such_setting\n",
         "import vllm_ir_no_such_module\n",
         "compiled = vllm_ir.compiled(model)\n",
         "x = vllm_ir.ops.rms_norm(\n",  # syntax
@@ -351,7 +351,7 @@ def test_toml_block_is_a_valid_site_config(where, line, code, tmp_path, monkeypa
     """Through ``VLLM_IR_CONFIG`` and ``vllm_ir.reload_env()``, which raises `ConfigError` on
     any problem of the file; provider names are checked against every discovered provider (a
     provider valid but absent here, e.g. vllm_c without its build, is not a problem)."""
-    from vllm_ir import config
+    from vllm_ir.settings import config
 
     path = tmp_path / "site.toml"
     path.write_text(code)
@@ -369,7 +369,8 @@ def test_toml_block_is_a_valid_site_config(where, line, code, tmp_path, monkeypa
 
 def test_the_config_loader_rejects_what_the_toml_check_must_catch(tmp_path, monkeypatch):
     """The check above has teeth: a mistyped provider is a ConfigError from the same loader."""
-    from vllm_ir import ConfigError, config
+    from vllm_ir import ConfigError
+    from vllm_ir.settings import config
 
     path = tmp_path / "bad.toml"
     path.write_text('[priority]\nrms_norm = ["natve"]\n')
@@ -394,7 +395,7 @@ _KIT_OPTION = re.compile(r"--vllm-ir-[a-z-]+")
 
 def _verb_parser(tokens: list[str]) -> tuple[argparse.ArgumentParser, list[str], int]:
     """The parser of the (sub)verb ``tokens`` start with, its name and how many tokens name it."""
-    from vllm_ir import cli
+    from vllm_ir.tools import cli
 
     parser: argparse.ArgumentParser = cli.build_parser()
     verb: list[str] = []
@@ -497,7 +498,7 @@ def test_the_command_check_catches_wrong_verbs_and_options(command, ok):
 def test_the_cli_reference_says_which_verbs_take_json_and_how():
     """``--json`` alone (JSON on stdout) for the verbs whose parser takes it as a flag; ``bench
     --json FILE``: docs/cli.md's sentence names each verb the way its parser takes it."""
-    from vllm_ir import cli
+    from vllm_ir.tools import cli
 
     flag, with_file = set(), set()
     top = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
@@ -533,7 +534,8 @@ def test_the_generated_references_are_current():
 
 
 def test_the_generated_references_cover_every_variable_key_and_option():
-    from vllm_ir import cli, config, env
+    from vllm_ir.settings import config, env
+    from vllm_ir.tools import cli
 
     text = "\n".join((REPO / file).read_text() for file in _generator().SECTIONS)
     for name in env.VARIABLES:
@@ -550,14 +552,14 @@ def test_the_generated_references_cover_every_variable_key_and_option():
 
 
 def test_a_new_variable_makes_the_references_stale(monkeypatch):
-    from vllm_ir import env
+    from vllm_ir.settings import env
 
     monkeypatch.setitem(env.VARIABLES, "VLLM_IR_NOT_DOCUMENTED", "a boolean")
     assert _generator().stale() == ["docs/settings.md"]
 
 
 def test_a_config_key_without_a_description_is_an_error(monkeypatch):
-    from vllm_ir import config
+    from vllm_ir.settings import config
 
     monkeypatch.setattr(config, "KEYS", (*config.KEYS, "not_described"))
     with pytest.raises(SystemExit, match="not_described"):

@@ -250,7 +250,7 @@ class FusedQkvProjection(nn.Module):
 
 
 def test_disjoint_rows_tells_column_slices_apart():
-    from vllm_ir.ir.aliasing import disjoint_rows, precise_donation_conflict
+    from vllm_ir.ir.dispatch.donation import disjoint_rows, precise_donation_conflict
 
     qkv = torch.zeros(4, 12)
     q, k, v = qkv.split([6, 3, 3], dim=-1)

@@ -24,7 +24,7 @@ FUSED_QUANT = tuple(op.name for op in FUSED_QUANT_OPS)
 #: and every op's implementations.
 _INSTALLED = """
 import json, vllm_ir
-from vllm_ir import plugins
+from vllm_ir.plugins import discovery as plugins
 vllm_ir.load_providers()
 print(json.dumps({"shipped": plugins.tuning_facts().shipped,
                   "impls": {op.name: sorted(op.impls) for op in vllm_ir.ops}}))

@@ -245,7 +245,7 @@ def test_bad_group_name_is_a_clear_error(one_rank) -> None:
 
 
 def test_collective_errors_renames_only_collective_failures(one_rank) -> None:
-    from vllm_ir.distributed import CollectiveError, collective_errors
+    from vllm_ir.integrations.distributed import CollectiveError, collective_errors
 
     with pytest.raises(CollectiveError, match=r"rank 0 of 1 in process group .*: collective all_reduce x2 did not"):
         with collective_errors(one_rank, "all_reduce x2"):

@@ -1,8 +1,8 @@
-"""vllm_ir.timing's interleaved rounds: what the benchmarks' per-round ratios rest on."""
+"""vllm_ir.tools.timing's interleaved rounds: what the benchmarks' per-round ratios rest on."""
 
 from __future__ import annotations
 
-from vllm_ir.timing import best_of, interleaved_rounds, median_ratio
+from vllm_ir.tools.timing import best_of, interleaved_rounds, median_ratio
 
 
 def test_interleaved_rounds_time_every_callable_per_round_in_alternating_order():

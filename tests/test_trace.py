@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import vllm_ir
-from vllm_ir import tracing
 from vllm_ir.ir import priority
+from vllm_ir.tools import tracing
 
 ops = vllm_ir.ops
 CLI = (sys.executable, "-m", "vllm_ir")
@@ -474,8 +474,8 @@ def test_the_traced_facts_equal_the_reference_readers(op):
     """What the trace records of a call: the compiled reader answers as the Python reference
     does (or hands over, None), and both as reading each tensor and `first_token_count` would,
     for every op, with the lead tensor in every form it can take."""
-    from vllm_ir.ir.cache_key import first_token_count
-    from vllm_ir.ir.observe import call_site, compiled_call_facts, decode_shapes, python_call_facts
+    from vllm_ir.ir.dispatch.cache_key import first_token_count
+    from vllm_ir.ir.dispatch.observe import call_site, compiled_call_facts, decode_shapes, python_call_facts
 
     site = call_site(op, "native", "functional")
     where = (site.tensor_indices, site.token_indices, site.first_tensor)
@@ -500,10 +500,10 @@ def test_the_traced_facts_equal_the_reference_readers(op):
 def test_the_compiled_fact_reader_hands_subclasses_and_bad_indices_to_python():
     """Anything the C reader cannot read as Python would (a tensor subclass, which may redefine
     its shape; an index out of range) is handed back, never answered differently."""
-    from vllm_ir.ir.observe import compiled_call_facts, python_call_facts
+    from vllm_ir.ir.dispatch.observe import compiled_call_facts, python_call_facts
 
     if compiled_call_facts is None:
-        pytest.skip("vllm_ir._fast_lookup is not built")
+        pytest.skip("vllm_ir.ir.dispatch._fast_lookup is not built")
 
     class Sub(torch.Tensor):
         pass
@@ -521,7 +521,7 @@ def test_one_trace_shared_by_threads_counts_every_call():
     """The process trace takes calls from many threads at once without a lock on the hot path."""
     trace = tracing.Trace()
     per_thread, threads = 2000, 4
-    from vllm_ir.ir.observe import call_site, python_call_facts
+    from vllm_ir.ir.dispatch.observe import call_site, python_call_facts
 
     site = call_site(ops.rms_norm, "native", "functional")
     shapes = [torch.randn(n, 64) for n in (1, 3, 8, 40)]

@@ -19,9 +19,10 @@ import vllm_ir
 from tests.compile_models import KERNEL_CALLS
 from tests.ops_for_tests import rms_norm_impl
 from tests.test_cli import run
-from vllm_ir import ConfigWarning, PriorityLayer, tune
+from vllm_ir import ConfigWarning, PriorityLayer
 from vllm_ir.ir import tuning
 from vllm_ir.passes import cache
+from vllm_ir.tools import tune
 
 ops = vllm_ir.ops
 W = torch.randn(32, generator=torch.Generator().manual_seed(3))

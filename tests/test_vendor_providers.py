@@ -242,7 +242,7 @@ def test_xpu_fused_add_is_in_place_and_returns_the_donated_buffers(xpu_double):
 
 
 def test_each_provider_states_its_own_platform_defaults(providers):
-    from vllm_ir import platforms
+    from vllm_ir.plugins import platforms
 
     aiter_provider, xpu_provider = providers
     for platform in (platforms.CPU, platforms.CUDA, platforms.ROCM, platforms.XPU):

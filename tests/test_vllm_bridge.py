@@ -152,7 +152,7 @@ MAIN = """
 record_kernels()
 from vllm.plugins import load_general_plugins
 load_general_plugins()
-from vllm_ir import vllm_bridge
+from vllm_ir.integrations import vllm as vllm_bridge
 from vllm_ir.ir import torch_library
 out = {"state": vllm_bridge.state.to_json(), "namespace": torch_library.NAMESPACE, "cases": [], "impls": {}}
 # The bridge only registers: vLLM's priorities are untouched until vLLM's config sets them.
@@ -280,7 +280,7 @@ SPARSE = """
 record_kernels()
 from vllm.plugins import load_general_plugins
 load_general_plugins()
-from vllm_ir import vllm_bridge
+from vllm_ir.integrations import vllm as vllm_bridge
 import vllm_ir
 op = IrOp.registry["gelu_and_mul_sparse"]
 native = op.impls["native"].impl_fn
@@ -401,7 +401,7 @@ VERSION = """
 vllm.__version__ = "0.34.0"  # a release the bridge was not tested with
 from vllm.plugins import load_general_plugins
 load_general_plugins()
-from vllm_ir import vllm_bridge
+from vllm_ir.integrations import vllm as vllm_bridge
 op = IrOp.registry["rms_norm"]
 x, w, eps = op.generate_inputs(num_tokens=2, hidden_size=32, dtype=torch.float32)
 op.set_default(["native"])
@@ -430,7 +430,7 @@ def test_cli_reports_the_bridge(bridge_python):
 
 
 def test_describe_without_vllm():
-    from vllm_ir import vllm_bridge
+    from vllm_ir.integrations import vllm as vllm_bridge
 
     assert vllm_bridge.describe()["status"] == "vllm not installed"
 
@@ -446,7 +446,8 @@ def test_describe_without_vllm():
     ],
 )
 def test_describe_with_vllm(monkeypatch, version, plugins, status):
-    from vllm_ir import cli, vllm_bridge
+    from vllm_ir.integrations import vllm as vllm_bridge
+    from vllm_ir.tools import cli
 
     monkeypatch.setattr(vllm_bridge.metadata, "version", lambda name: version)
     if plugins is None:
@@ -467,7 +468,7 @@ def test_bridged_names_are_valid_vllm_provider_names():
     import re
 
     import vllm_ir
-    from vllm_ir import vllm_bridge
+    from vllm_ir.integrations import vllm as vllm_bridge
 
     vllm_ir.load_provider("vllm_c")
     names = vllm_bridge.planned()["rms_norm"]

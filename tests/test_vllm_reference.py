@@ -23,7 +23,7 @@ collectives (``all_reduce_*``) have no vLLM function to compare with on one CPU 
 Ops vLLM declares (its IR ops) must show no difference on any provider; the others either show
 none or their difference is listed in `DOCUMENTED` (per op and provider: the dtypes and
 outputs it may touch, and why). None of those is one of vLLM's IR ops, the only ops the bridge
-(core/vllm_bridge.py) routes to our providers: vLLM's own layers keep computing them.
+(core/integrations/vllm.py) routes to our providers: vLLM's own layers keep computing them.
 """
 
 from __future__ import annotations

@@ -96,18 +96,20 @@ def test_wheels_hold_only_what_belongs(wheels):
     assert any(n.startswith("vllm_ir_provider_vllm_c/tuning/") and n.endswith(".json") for n in vllm_c)  # tables
     core = zipfile.ZipFile(found["vllm_ir"])
     assert "vllm_ir/py.typed" in core.namelist()
-    assert any(n.startswith("vllm_ir/_fast_lookup.") and n.endswith(".so") for n in core.namelist())
+    assert any(n.startswith("vllm_ir/ir/dispatch/_fast_lookup.") and n.endswith(".so") for n in core.namelist())
     meta = core.read(next(n for n in core.namelist() if n.endswith("METADATA"))).decode()
     assert "Requires-Python: >=3.10" in meta and "License-Expression: Apache-2.0" in meta
     entry_points = core.read(next(n for n in core.namelist() if n.endswith("entry_points.txt"))).decode()
-    assert "vllm-ir = vllm_ir.cli:main" in entry_points and "vllm_ir = vllm_ir.testing.pytest_plugin" in entry_points
+    assert (
+        "vllm-ir = vllm_ir.tools.cli:main" in entry_points and "vllm_ir = vllm_ir.testing.pytest_plugin" in entry_points
+    )
     native = zipfile.ZipFile(found["vllm_ir_provider_native"])
     native_meta = native.read(next(n for n in native.namelist() if n.endswith("METADATA"))).decode()
     assert "Requires-Dist: vllm-ir<0.2,>=0.1" in native_meta
 
 
-@pytest.mark.parametrize("project", [".", "providers/vllm_c"])
-def test_sdists_carry_every_compiled_source(project, tmp_path):
+@pytest.mark.parametrize(("project", "sources_dir"), [(".", "core"), ("providers/vllm_c", "csrc")])
+def test_sdists_carry_every_compiled_source(project, sources_dir, tmp_path):
     # setup.py names only the sources this machine builds (no CUDA here; none without torch):
     # MANIFEST.in must ship the rest, or a wheel built from the sdist silently lacks them.
     # From a clean copy: an egg-info left by an editable install would list the files itself.
@@ -119,7 +121,10 @@ def test_sdists_carry_every_compiled_source(project, tmp_path):
     (sdist,) = tmp_path.glob("*.tar.gz")
     with tarfile.open(sdist) as tar:
         shipped = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    sources = {str(p.relative_to(REPO / project)) for p in (REPO / project / "csrc").rglob("*") if p.is_file()}
+    compiled = {".cpp", ".cu", ".h", ".cuh"}
+    sources = {
+        str(p.relative_to(REPO / project)) for p in (REPO / project / sources_dir).rglob("*") if p.suffix in compiled
+    }
     assert sources and sources <= shipped, sorted(sources - shipped)
 
 

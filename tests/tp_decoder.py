@@ -270,7 +270,7 @@ def _peer_failures(
     collectives on a group with a 3 s timeout and must fail each time, naming itself and them."""
     import torch.distributed as dist
 
-    from vllm_ir.distributed import CollectiveError, collective_errors, describe_collectives
+    from vllm_ir.integrations.distributed import CollectiveError, collective_errors, describe_collectives
 
     short = dist.new_group(list(range(args.world)), timeout=datetime.timedelta(seconds=3))
     dist.barrier()

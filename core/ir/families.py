@@ -1,7 +1,7 @@
 """`import_families`: the one family-discovery scan (op declarations and providers share it).
 
 It lives in ``ir`` so the declarations can use it without importing the registration surface
-(`vllm_ir.provider` re-exports it for providers).
+(`vllm_ir.plugins.provider` re-exports it for providers).
 """
 
 from __future__ import annotations

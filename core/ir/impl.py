@@ -133,7 +133,7 @@ class IrOpImpl:
     """One provider's implementation of one op.
 
     ``supported`` is decided once (is the library importable, is the device here);
-    ``supports_args`` is asked once per decision key (`vllm_ir.ir.cache_key`: the scalar
+    ``supports_args`` is asked once per decision key (`vllm_ir.ir.dispatch.cache_key`: the scalar
     arguments and each tensor's dtype, device, shape and strides, the token count left out)
     and its answer cached, unless ``cacheable`` is False: a predicate that reads what the key
     leaves out (the token count, tensor values, state outside the call) then runs every call.

@@ -16,11 +16,12 @@ from typing import Any, TypeVar, overload
 import torch
 
 from vllm_ir.errors import RegistrationError, ToleranceError
-from vllm_ir.ir import dispatch as _dispatch
 from vllm_ir.ir import priority as _priority
-from vllm_ir.ir import registry, selection, signature, torch_library
+from vllm_ir.ir import registry, signature, torch_library
 from vllm_ir.ir.comparison import Comparison
-from vllm_ir.ir.decision_cache import DecisionCache
+from vllm_ir.ir.dispatch import entry_points as _dispatch
+from vllm_ir.ir.dispatch import selection
+from vllm_ir.ir.dispatch.decision_cache import DecisionCache
 from vllm_ir.ir.impl import NATIVE, RESERVED_PROVIDERS, IrOpImpl, RegistrationStack, Unsupported
 from vllm_ir.ir.priority import Mode, PriorityEntry
 
@@ -116,7 +117,7 @@ class IrOp:
         names = list(self.signature.parameters)
         self.activation_indices = tuple(names.index(a) for a in self.activations)
         #: Tensor parameters whose leading dimension is the token count: the one fact of a
-        #: call the decision cache leaves out (see vllm_ir.ir.cache_key).
+        #: call the decision cache leaves out (see vllm_ir.ir.dispatch.cache_key).
         self.token_params = self._check_tensor_names(
             self.activations if token_params is None else token_params, "token parameter"
         )
@@ -178,7 +179,7 @@ class IrOp:
             functional kernel, ``op.maybe_inplace(...)`` the in-place one, without clones.
         :param batch_invariant: results do not depend on the batch composition.
         :param cacheable: False when the predicate reads what the decision key leaves out
-            (`vllm_ir.ir.cache_key`: it keeps the scalar arguments and each tensor's dtype,
+            (`vllm_ir.ir.dispatch.cache_key`: it keeps the scalar arguments and each tensor's dtype,
             device, shape and strides, without the token count): the token count, tensor
             values or state outside the call. It then runs on every call.
         :param exact: results are bit-identical to native's wherever the predicate accepts (as

@@ -3,7 +3,7 @@
 Layers, lowest first: defaults (platform and provider hooks, per mode, or an op's
 `IrOp.set_default` list from code, which replaces the hooks' for that op) < measured tuning
 tables (`vllm_ir.ir.tuning`: per op, mode, dtype and token range, so they apply to calls) < the site config
-file (``VLLM_IR_CONFIG``, per mode, `vllm_ir.config`) < the ``VLLM_IR_OP_PRIORITY``
+file (``VLLM_IR_CONFIG``, per mode, `vllm_ir.settings.config`) < the ``VLLM_IR_OP_PRIORITY``
 environment variable < `set_priority` (process-wide) < the scoped `priority` context (per
 thread/task, nests). Each layer's list is placed in front of the layers below it; the first
 occurrence of a provider wins; ``native`` always closes the list.
@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from vllm_ir import env
-from vllm_ir.env import ConfigError, Finding
 from vllm_ir.errors import PriorityError, UnknownOpError
 from vllm_ir.ir import registry
 from vllm_ir.ir.impl import NATIVE, IrOpImpl, reason_of
+from vllm_ir.settings import env
+from vllm_ir.settings.env import ConfigError, Finding
 
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
@@ -149,7 +149,7 @@ class _Scope:
 
     @property
     def observed(self) -> bool:
-        """Calls run behind a recorder or a profiler range (`vllm_ir.ir.observe`)."""
+        """Calls run behind a recorder or a profiler range (`vllm_ir.ir.dispatch.observe`)."""
         return self.traced or self.labelled
 
 
@@ -196,7 +196,7 @@ def _initial_scope() -> _Scope | None:
     context starts in a traced scope."""
     default = False
     if env.raw(env.ENV_TRACE) is None and env.raw(env.ENV_CONFIG) is not None:
-        from vllm_ir import config  # read now only when the variable leaves it to the file
+        from vllm_ir.settings import config  # read now only when the variable leaves it to the file
 
         default = bool(config.current().trace)
     if env.read_bool(env.ENV_TRACE, default):
@@ -205,7 +205,7 @@ def _initial_scope() -> _Scope | None:
 
 
 _initial = _initial_scope()
-#: ``VLLM_IR_TRACE=1``: `vllm_ir.tracing` keeps one trace for the whole process.
+#: ``VLLM_IR_TRACE=1``: `vllm_ir.tools.tracing` keeps one trace for the whole process.
 process_traced = _initial is not None
 #: The innermost ``priority()`` scope; read by the eager hot path (also from C, see fast_lookup).
 scope_var: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vllm_ir_priority_scope", default=_initial)
@@ -253,8 +253,8 @@ def reload_env() -> Settings:
     the settings in force are then those without the bad values, as an implicit read gives.
     """
     global _settings
-    from vllm_ir import config
     from vllm_ir.ir import tuning
+    from vllm_ir.settings import config
 
     with registry.lock:
         _settings = None
@@ -371,7 +371,7 @@ def reference_reason(scope: _Scope | None = None) -> str | None:
     if settings().reference:
         if env.raw(env.ENV_REFERENCE) is not None:
             return f"pinned to native by {env.ENV_REFERENCE}=1"
-        from vllm_ir import config
+        from vllm_ir.settings import config
 
         return f"pinned to native by {config.current().where('reference')}"
     return None
@@ -563,7 +563,7 @@ def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tu
 
 def _read_env(environ: Mapping[str, str]) -> Settings:
     """Read every setting leniently: what cannot be read is left out and becomes a finding."""
-    from vllm_ir import config
+    from vllm_ir.settings import config
 
     site = config.current()
     findings: list[Finding] = []

@@ -53,9 +53,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_ir import env
-from vllm_ir.env import Finding
 from vllm_ir.ir import registry
+from vllm_ir.settings import env
+from vllm_ir.settings.env import Finding
 
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
@@ -310,7 +310,7 @@ def fingerprint(mode: str) -> str:
 def site_tables() -> list[tuple[str, str]]:
     """(origin, path) of the site's tables: ``VLLM_IR_TUNING`` (paths separated by ``os.pathsep``),
     then the config file's ``tuning`` key."""
-    from vllm_ir import config
+    from vllm_ir.settings import config
 
     out: list[tuple[str, str]] = []
     value = env.raw(ENV_TUNING)
@@ -511,8 +511,8 @@ def dtype_param(op: IrOp) -> str | None:
 
 
 def token_count(op: IrOp, args: Sequence[Any]) -> Any:
-    """T of a call, as the decision key reads it (`vllm_ir.ir.cache_key.token_count`); 1 without a token tensor."""
-    from vllm_ir.ir.cache_key import token_count as count
+    """T of a call, as the decision key reads it (`cache_key.token_count`); 1 without a token tensor."""
+    from vllm_ir.ir.dispatch.cache_key import token_count as count
 
     names = list(op.signature.parameters)
     found = count(*(args[names.index(p)] for p in op.token_params))

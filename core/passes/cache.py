@@ -37,7 +37,7 @@ import torch
 from vllm_ir.errors import ProviderWarning, VllmIrError
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import registry, tuning
-from vllm_ir.log import get_logger
+from vllm_ir.settings.log import get_logger
 
 log = get_logger("passes")
 

@@ -33,12 +33,12 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.aliasing import AliasAnalysis, same_memory
 from vllm_ir.passes.lowering import CLONE_META
 from vllm_ir.passes.nodes import bound_args, donated_params, input_name, ir_nodes, ir_op_of, value_of
 from vllm_ir.passes.record import CloneDecision, GraphReport
+from vllm_ir.settings.log import get_logger
 
 log = get_logger("passes")
 

@@ -43,7 +43,7 @@ from torch import fx
 
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import registry
-from vllm_ir.ir import selection as _selection
+from vllm_ir.ir.dispatch import selection as _selection
 from vllm_ir.ir.impl import NATIVE
 from vllm_ir.passes.fusion import GraphFusion, IrFusion, default_fusions
 from vllm_ir.passes.nodes import bound_args, donated_params, fake_args, ir_op_of, mark_donated, value_of

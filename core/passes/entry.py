@@ -51,7 +51,6 @@ except ImportError:  # torch <= 2.11: Inductor calls every custom pass with the 
     CustomInferenceAwareGraphPass = CustomGraphPass  # type: ignore[misc,assignment]
     _INFERENCE_AWARE = ()
 
-from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.clone_cleanup import CloneCleanupPass
 from vllm_ir.passes.collective_fusion import collective_counts
@@ -60,6 +59,7 @@ from vllm_ir.passes.fusion import FusionPass, GraphFusion, IrFusion
 from vllm_ir.passes.lowering import LoweringPass, OnUnlowered
 from vllm_ir.passes.nodes import ir_nodes
 from vllm_ir.passes.record import GraphReport, PipelineRecord, publish, reports_from_counters, set_last_selected
+from vllm_ir.settings.log import get_logger
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -22,12 +22,12 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from vllm_ir.ir.aliasing import disjoint_rows
-from vllm_ir.log import get_logger
+from vllm_ir.ir.dispatch.donation import disjoint_rows
 from vllm_ir.passes import cache
 from vllm_ir.passes.aliasing import AliasAnalysis
 from vllm_ir.passes.errors import CompileDonationError
 from vllm_ir.passes.nodes import bound_args, input_name, ir_op_of, is_maybe_inplace, mark_donated, value_of, where
+from vllm_ir.settings.log import get_logger
 
 if TYPE_CHECKING:
     from vllm_ir.passes.record import PipelineRecord

@@ -1,6 +1,6 @@
 """Post-grad lowering: every IR node becomes the implementation dispatch picks for it.
 
-Selection is `vllm_ir.ir.selection.decide` in ``"compile"`` mode on the node's fake values,
+Selection is `vllm_ir.ir.dispatch.selection.decide` in ``"compile"`` mode on the node's fake values,
 with the priority scope active at compile time: the same function eager dispatch uses, so
 eager and compiled runs agree on the kernel. The implementation is traced with ``make_fx``
 (Inductor's decompositions) into the graph through the pattern matcher's
@@ -43,16 +43,16 @@ from torch._inductor.pattern_matcher import (
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from vllm_ir.errors import KernelResultError
-from vllm_ir.ir import fallback as _fallback
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import results
-from vllm_ir.ir import selection as _selection
+from vllm_ir.ir.dispatch import fallback as _fallback
+from vllm_ir.ir.dispatch import selection as _selection
 from vllm_ir.ir.op import IrOp
-from vllm_ir.log import get_logger
 from vllm_ir.passes import cache
 from vllm_ir.passes.errors import LoweringError, UnloweredWarning
 from vllm_ir.passes.nodes import bound_args, donated_params, fake_args, ir_nodes, ir_op_of, ir_target
 from vllm_ir.passes.record import GraphReport, module_path, set_last_selected
+from vllm_ir.settings.log import get_logger
 
 OnUnlowered = Literal["error", "warn"]
 

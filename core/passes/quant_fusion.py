@@ -9,7 +9,7 @@ the fused op's kernel like any other node's.
 A candidate is fused only when the current compile-mode priority would run the fused op on a
 provider other than ``native``: the native fused op is the same composition the unfused pair
 computes, so it gains nothing, and a non-native unfused pair (e.g. two ``vllm_c`` kernels)
-would lose its kernels. The decision is `vllm_ir.ir.selection.decide` on the fused call's fake
+would lose its kernels. The decision is `vllm_ir.ir.dispatch.selection.decide` on the fused call's fake
 values, exactly what lowering will ask.
 
 When the intermediate (the norm's or activation's output) has users other than the quant,
@@ -29,7 +29,7 @@ from torch import fx
 
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import registry
-from vllm_ir.ir import selection as _selection
+from vllm_ir.ir.dispatch import selection as _selection
 from vllm_ir.ir.impl import NATIVE
 from vllm_ir.passes.fusion import GraphFusion
 from vllm_ir.passes.nodes import bound_args, donated_params, fake_args, ir_op_of, mark_donated, value_of

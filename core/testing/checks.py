@@ -15,7 +15,7 @@ import torch
 
 import vllm_ir
 from vllm_ir.ir import results
-from vllm_ir.ir.cache_key import first_token_count
+from vllm_ir.ir.dispatch.cache_key import first_token_count
 from vllm_ir.ir.impl import IrOpImpl, Unsupported, reason_of
 from vllm_ir.ir.op import IrOp
 from vllm_ir.testing.cases import Case

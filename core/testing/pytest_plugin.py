@@ -184,7 +184,7 @@ def _check_device(device: str) -> None:
 def _check_names(named: list[str]) -> None:
     """A provider nobody registers or installs is a usage error listing the known ones."""
     import vllm_ir
-    from vllm_ir import env
+    from vllm_ir.settings import env
 
     by_name = {r.name: r for r in vllm_ir.provider_records()}
     records = set(by_name)

@@ -28,13 +28,13 @@ _c10d = torch.ops._c10d_functional
 def all_reduce_sum(x: Tensor, group_name: str, op_name: str = "all_reduce") -> Tensor:
     """The functional all-reduce (sum) of ``x`` over ``group_name``, waited on: a fresh tensor.
 
-    A back-end failure (a dead peer, a timeout) is a `vllm_ir.distributed.CollectiveError`
+    A back-end failure (a dead peer, a timeout) is a `vllm_ir.ir.collectives.CollectiveError`
     naming ``op_name``, this rank and the group.
     """
     try:
         return _c10d.wait_tensor(_c10d.all_reduce(x, "sum", group_name))
     except Exception as exc:
-        from vllm_ir.distributed import is_collective_failure, named_failure
+        from vllm_ir.ir.collectives import is_collective_failure, named_failure
 
         if "could not resolve the process group" in str(exc).lower():
             raise ValueError(

@@ -17,7 +17,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
-from vllm_ir.provider import import_families
+from vllm_ir.plugins.provider import import_families
 from vllm_ir_provider_aiter import ops
 
 __version__ = "0.1.0"

@@ -28,7 +28,7 @@ import functools
 import torch
 from torch import Tensor
 
-from vllm_ir.provider import weight_or_ones
+from vllm_ir.plugins.provider import weight_or_ones
 
 
 def _aiter():

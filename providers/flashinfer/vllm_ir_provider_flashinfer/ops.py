@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vllm_ir.provider import weight_or_ones
+from vllm_ir.plugins.provider import weight_or_ones
 
 #: Token capacity of a first workspace (grown on demand; sized as vLLM sizes its default).
 MIN_TOKENS = 1024

@@ -30,7 +30,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
-from vllm_ir.provider import weight_or_ones
+from vllm_ir.plugins.provider import weight_or_ones
 
 __version__ = "0.1.0"
 PROVIDER = "oink"

@@ -28,7 +28,7 @@ import torch
 
 import vllm_ir
 from vllm_ir import Provider
-from vllm_ir.provider import import_families
+from vllm_ir.plugins.provider import import_families
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ are registered as unsupported with that reason, which ``vllm-ir providers list``
         y = vllm_ir.ops.rms_norm(x, weight, 1e-6)
 
 Op families are found, not listed: every public module of this package (a name without a
-leading underscore) is imported (`vllm_ir.provider.import_families`); it registers its kernels
+leading underscore) is imported (`vllm_ir.plugins.provider.import_families`); it registers its kernels
 through ``_extension.VLLM_C`` (a `vllm_ir.Provider`), or through a ``register(status)``
 function, which is then called; its optional
 ``EAGER_FIRST`` maps platform names to the ops for which ``vllm_c`` goes first in eager mode
@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from vllm_ir.hookspecs import hookimpl
-from vllm_ir.provider import default_fakes, import_families
+from vllm_ir.plugins.hookspecs import hookimpl
+from vllm_ir.plugins.provider import default_fakes, import_families
 
 from ._extension import PROVIDER, STATUS, ExtensionStatus
 

@@ -52,7 +52,7 @@ EXACT_ON_CPU = ("silu_and_mul", "mul_and_silu", "fatrelu_and_mul", "relu2")
 #: benchmarks/vllm_c_cuda_check.py, hidden 4096, T 1-16384, bf16 and fp32): the kernels ran
 #: 2.7-19x faster than native eager at every T for every op (T=1: 6-9 us against 20-120 us;
 #: T=16384 bf16: 65-233 us against 339-1619 us).
-#: gelu_and_mul_sparse (CPU, OMP_NUM_THREADS=2, vllm_ir.timing.interleaved_rounds, 5 paired
+#: gelu_and_mul_sparse (CPU, OMP_NUM_THREADS=2, vllm_ir.tools.timing.interleaved_rounds, 5 paired
 #: rounds, hidden 4096): ahead of native at every T measured, bf16 T=1/16/256 1.71/1.87/1.88x,
 #: fp32 1.65/2.41/2.66x (T=256 bf16: 3390 vs 6290 us). CUDA: not measured (no GPU here).
 EAGER_FIRST = {"cpu": (*GATED, *ROW_STATISTIC_GATED, *ELEMENTWISE), "cuda": (*GATED, *ELEMENTWISE)}

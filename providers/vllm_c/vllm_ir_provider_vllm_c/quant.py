@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from vllm_ir import Unsupported
-from vllm_ir.provider import empty_group_scales
+from vllm_ir.plugins.provider import empty_group_scales
 
 from ._extension import STATUS, VLLM_C, devices, torch_op
 

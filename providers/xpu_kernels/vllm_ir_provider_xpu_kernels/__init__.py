@@ -21,7 +21,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
-from vllm_ir.provider import import_families, weight_or_ones
+from vllm_ir.plugins.provider import import_families, weight_or_ones
 
 __version__ = "0.1.0"
 PROVIDER = "xpu_kernels"

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.provider import empty_group_scales
+from vllm_ir.plugins.provider import empty_group_scales
 from vllm_ir_provider_triton import TRITON
 from vllm_ir_provider_triton.ops.quant import _rows_stride, x_rows_verdict
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.provider import empty_group_scales
+from vllm_ir.plugins.provider import empty_group_scales
 from vllm_ir_provider_triton import TRITON, interpreting
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)

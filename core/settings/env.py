@@ -23,10 +23,9 @@ import re
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
-from vllm_ir.errors import ConfigError, ConfigWarning  # defined with the others; importable here too
-from vllm_ir.log import ENV_LOG_LEVEL
+from vllm_ir.errors import ConfigError, ConfigWarning, Finding  # defined with the others; importable here too
+from vllm_ir.settings.log import ENV_LOG_LEVEL
 
 # Every variable, with what it takes (``vllm-ir doctor`` lists the same; docs/settings.md is generated
 # from it by scripts/gen_reference.py).
@@ -73,24 +72,6 @@ FALLBACK_POLICIES = ("allow", "warn", "error")
 KNOWN_PROVIDERS = ("native", "aten", "inductor", "vllm_c", "triton", "aiter", "xpu_kernels", "oink", "flashinfer")
 #: What an entry point (and so a provider) name may look like.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-@]*")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem with a setting: where it is, what is wrong, and how to fix it."""
-
-    #: The variable (``VLLM_IR_PROVIDERS``) or config location (``config /etc/x.toml, line 3, key fallback``).
-    setting: str
-    message: str
-    fix: str
-    #: Valid, but names something this machine lacks: a note, not a problem.
-    here_only: bool = False
-
-    def __str__(self) -> str:
-        return self.message
-
-    def to_json(self) -> dict[str, object]:
-        return {"setting": self.setting, "message": self.message, "fix": self.fix}
 
 
 # ---------------------------------------------------------------------------------------
@@ -266,7 +247,7 @@ _OWN_CODE = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<vllm_ir.")
 def user_stacklevel(*, skip_importlib: bool = True) -> int:
     """``stacklevel`` for a warning its caller raises: the first frame outside vllm_ir (and,
     with ``skip_importlib``, outside importlib, for settings read while a module imports). The
-    one walker of vllm_ir's warnings (`vllm_ir.ir.fallback` keeps its own for now)."""
+    one walker of vllm_ir's warnings (`vllm_ir.ir.dispatch.fallback` keeps its own for now)."""
     frame, level = sys._getframe(1), 1  # 1: the function that calls warnings.warn
     while frame.f_back is not None and (
         frame.f_code.co_filename.startswith(_OWN_CODE) or (skip_importlib and "importlib" in frame.f_code.co_filename)

@@ -1,4 +1,4 @@
-// vllm_ir._fast_lookup: the cache-hit half of the eager hot path, in one C call.
+// vllm_ir.ir.dispatch._fast_lookup: the cache-hit half of the eager hot path, in one C call.
 //
 // Building the decision-cache key in Python costs about 40 ns per tensor attribute read and
 // hashing torch.device objects is slow, which puts a call that must consult a predicate near
@@ -14,16 +14,16 @@
 // Python calls `forget()` whenever it clears the decision dicts.
 //
 // Key layout: (scope, a0, a1, ...) where a tensor argument becomes the bytes of its facts
-// (see tensor_facts: the same facts as vllm_ir.ir.cache_key.tensor_facts in Python: dtype,
+// (see tensor_facts: the same facts as vllm_ir.ir.dispatch.cache_key.tensor_facts in Python: dtype,
 // device, every dimension except the leading token dimension of token tensors, every stride)
 // and any other argument is itself. When a tuning table chooses the op by token range
 // (`set_buckets`), the key ends with the call's range bucket: buckets[bit length of T], T the
 // leading dimension of the first token tensor that has one (1 without), as
-// vllm_ir.ir.cache_key.bucket computes it. Without buckets nothing is counted.
+// vllm_ir.ir.dispatch.cache_key.bucket computes it. Without buckets nothing is counted.
 //
 // donation_conflict() is the cheap aliasing check of `maybe_inplace` calls (see
-// vllm_ir.ir.aliasing for the Python reference it must agree with); call_facts() what the
-// trace records of a call (vllm_ir.ir.observe).
+// vllm_ir.ir.dispatch.donation for the Python reference it must agree with); call_facts() what the
+// trace records of a call (vllm_ir.ir.dispatch.observe).
 
 #include <Python.h>
 
@@ -516,7 +516,7 @@ PyObject* donation_conflict(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
 }
 
 // call_facts(args, tensor_indices, token_indices, first) -> (dtype, is_cuda, shapes, tokens), or
-// None when Python must read them (vllm_ir.ir.observe.python_call_facts is the reference this
+// None when Python must read them (vllm_ir.ir.dispatch.observe.python_call_facts is the reference this
 // must agree with). `dtype`, `is_cuda`: of args[first] (None, False when `first` is None).
 // `shapes`: the bytes of int64 values, per tensor parameter in `tensor_indices`, -1 for None,
 // else its number of dimensions and then its sizes. `tokens`: the leading dimension of the first
@@ -649,8 +649,8 @@ PyMethodDef Lookup_methods[] = {
 
 PyTypeObject LookupType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "vllm_ir._fast_lookup",
-                          "Decision-cache lookups for the eager hot path (see vllm_ir.ir.fast_lookup).", -1,
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "vllm_ir.ir.dispatch._fast_lookup",
+                          "Decision-cache lookups for the eager hot path (see vllm_ir.ir.dispatch.fast_lookup).", -1,
                           module_methods};
 
 // Refuses to load under another torch than the one it was compiled against: the tensor
@@ -668,7 +668,7 @@ bool check_torch_version() {
   const char* running = PyUnicode_AsUTF8(version);
   const bool same = running != nullptr && std::strcmp(running, VLLM_IR_BUILT_FOR_TORCH) == 0;
   if (running != nullptr && !same) {
-    PyErr_Format(PyExc_ImportError, "vllm_ir._fast_lookup was built for torch %s but torch %s is running",
+    PyErr_Format(PyExc_ImportError, "vllm_ir.ir.dispatch._fast_lookup was built for torch %s but torch %s is running",
                  VLLM_IR_BUILT_FOR_TORCH, running);
   }
   Py_DECREF(version);
@@ -685,7 +685,7 @@ PyMODINIT_FUNC PyInit__fast_lookup(void) {
   if (compiling_flag_name == nullptr) {
     return nullptr;
   }
-  LookupType.tp_name = "vllm_ir._fast_lookup.Lookup";
+  LookupType.tp_name = "vllm_ir.ir.dispatch._fast_lookup.Lookup";
   LookupType.tp_basicsize = sizeof(Lookup);
   LookupType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
   LookupType.tp_doc =

@@ -44,8 +44,8 @@ from typing import Any, TypeVar
 import torch
 
 from vllm_ir.errors import RegistrationError
-from vllm_ir.ir import dispatch as _dispatch
 from vllm_ir.ir import registry
+from vllm_ir.ir.dispatch import entry_points as _dispatch
 from vllm_ir.ir.families import import_families
 from vllm_ir.ir.impl import IrOpImpl, Unsupported
 from vllm_ir.ir.op import IrOp

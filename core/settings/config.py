@@ -26,7 +26,7 @@ ops`` and ``explain`` as ``config <path>``. Every other key yields to its enviro
 variable when that is set. The file is parsed with the standard library's `tomllib` here;
 the names in it (ops, providers) are checked once providers are loaded. Errors name the
 file, the line (where it can be found) and the key; like a malformed environment variable
-(`vllm_ir.env`), a bad entry is ignored with a warning at an implicit read, listed by
+(`vllm_ir.settings.env`), a bad entry is ignored with a warning at an implicit read, listed by
 ``vllm-ir doctor``, and raised by `vllm_ir.reload_env`.
 """
 
@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_ir import env
-from vllm_ir.env import Finding
+from vllm_ir.settings import env
+from vllm_ir.settings.env import Finding
 
 MODES = ("eager", "compile")
 KEYS = (

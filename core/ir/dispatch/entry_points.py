@@ -1,9 +1,9 @@
 """The eager hot path: per-op generated functions that look a decision up and run its kernel.
 
 Each op gets plain functions with its own parameters (no ``*args`` packing): a call costs a
-tracing check, a cache lookup (`vllm_ir.ir.decision_cache`, keyed as `vllm_ir.ir.cache_key`
-says) and the kernel call; predicates run only on a miss (`vllm_ir.ir.selection`). Where the
-``vllm_ir._fast_lookup`` extension is built, one C call does the key and the lookup (and
+tracing check, a cache lookup (`vllm_ir.ir.dispatch.decision_cache`, keyed as `vllm_ir.ir.dispatch.cache_key`
+says) and the kernel call; predicates run only on a miss (`vllm_ir.ir.dispatch.selection`). Where the
+``vllm_ir.ir.dispatch._fast_lookup`` extension is built, one C call does the key and the lookup (and
 remembers the last hit); the Python path here remains the reference and handles everything
 it declines. While tracing or compiling, the same function calls the ``torch.ops.vllm_ir``
 op instead, so graphs hold exactly one IR node per call.
@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from vllm_ir.ir import fast_lookup
-from vllm_ir.ir.aliasing import precise_donation_conflict
-from vllm_ir.ir.cache_key import bucket, first_token_count, freeze, tensor_facts
-from vllm_ir.ir.observe import profiler_flag
+from vllm_ir.ir.dispatch import fast_lookup
+from vllm_ir.ir.dispatch.cache_key import bucket, first_token_count, freeze, tensor_facts
+from vllm_ir.ir.dispatch.donation import precise_donation_conflict
+from vllm_ir.ir.dispatch.observe import profiler_flag
 from vllm_ir.ir.priority import current_scope, labelled_scope
-from vllm_ir.log import get_logger
+from vllm_ir.settings.log import get_logger
 
 if TYPE_CHECKING:
-    from vllm_ir.ir.decision_cache import DecisionCache
+    from vllm_ir.ir.dispatch.decision_cache import DecisionCache
+    from vllm_ir.ir.dispatch.selection import Decision
     from vllm_ir.ir.op import IrOp
-    from vllm_ir.ir.selection import Decision
 
 _log = get_logger("dispatch")
 

@@ -16,8 +16,8 @@ from vllm_ir.errors import FallbackError, FallbackWarning
 from vllm_ir.ir import priority as _priority
 
 if TYPE_CHECKING:
+    from vllm_ir.ir.dispatch.selection import Decision
     from vllm_ir.ir.op import IrOp
-    from vllm_ir.ir.selection import Decision
 
 _warned: set[tuple[str, str, str]] = set()
 

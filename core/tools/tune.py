@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 import vllm_ir
-from vllm_ir import bench
 from vllm_ir.ir import tuning
+from vllm_ir.tools import bench
 
 #: Share of flagged figures above which the machine counts as busy.
 BUSY_SHARE = 0.25
@@ -151,8 +151,8 @@ def merge(old_path: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(args: Any) -> int:
-    from vllm_ir import plugins
-    from vllm_ir.cli import UsageError, check_writable, get_op
+    from vllm_ir.plugins import discovery as plugins
+    from vllm_ir.tools.arguments import UsageError, check_writable, get_op
 
     vllm_ir.load_providers()
     dtypes = args.dtype or [torch.float32, torch.bfloat16]

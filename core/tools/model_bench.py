@@ -6,7 +6,7 @@ as many KV heads; Llama's 8/3 MLP ratio, rounded to 64; vocabulary 32000). Two s
 batch 1: prefill (one forward over a ``--tokens``-long prompt, no cache) and decode (one token
 on a cache of the prompt, cropped back after every step so each sample does the same work).
 
-Variants take turns in rounds (`vllm_ir.bench.measure_rounds`), so a burst of load hits all
+Variants take turns in rounds (`vllm_ir.tools.bench.measure_rounds`), so a burst of load hits all
 of them alike; figures are medians over rounds with their interquartile range. Compiled
 variants use ``torch.compile(..., options=vllm_ir.inductor_options())`` for both models.
 
@@ -173,9 +173,9 @@ def run(
     rounds: int,
 ) -> dict[str, Any]:
     """Measure every variant's prefill and decode; return the report (see `format_report`)."""
-    from vllm_ir import bench
     from vllm_ir.integrations.transformers import kernelize
-    from vllm_ir.timing import machine_summary
+    from vllm_ir.tools import bench
+    from vllm_ir.tools.timing import machine_summary
 
     stock = build(name, hidden, layers, dtype)
     models = {"stock eager": stock, "vllm-ir eager": copy.deepcopy(stock)}
@@ -248,7 +248,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 def verdict(ours: dict[str, float], stock: dict[str, float]) -> str:
     """The time ratio in plain words, and whether the interquartile ranges say it is more than noise."""
-    from vllm_ir.bench import iqrs_overlap
+    from vllm_ir.tools.bench import iqrs_overlap
 
     ratio = ours["median_us"] / stock["median_us"]
     if iqrs_overlap(ours, stock):
@@ -268,7 +268,7 @@ def plot(report: dict[str, Any], path: str) -> str:
     except ImportError:
         return f"--plot: matplotlib is not installed (pip install matplotlib); {path} not written"
 
-    from vllm_ir import bench
+    from vllm_ir.tools import bench
 
     labels = ["stock eager", "vllm-ir eager", "stock compiled", "vllm-ir compiled"]
     fig = Figure(figsize=(10, 4.4), layout="constrained")
@@ -293,8 +293,8 @@ def plot(report: dict[str, Any], path: str) -> str:
 
 
 def main(args: Any) -> int:
-    from vllm_ir import bench
-    from vllm_ir.cli import UsageError, check_writable
+    from vllm_ir.tools import bench
+    from vllm_ir.tools.arguments import UsageError, check_writable
 
     if args.model not in MODELS:
         raise UsageError(f"argument --model: unknown model {args.model!r}; choose from {', '.join(MODELS)}")

@@ -8,7 +8,7 @@ reused only for calls a conforming predicate cannot tell apart from it. For an o
 table chooses by token range (`vllm_ir.ir.tuning`), the key ends with the range bucket of
 `token_count`, never the count itself.
 
-This is the one definition of the key. The compiled lookup (``csrc/fast_lookup.cpp``,
+This is the one definition of the key. The compiled lookup (``core/ir/dispatch/fast_lookup.cpp``,
 ``tensor_facts``) packs the same facts into bytes; tests check both agree with an uncached
 decision over every fact.
 """

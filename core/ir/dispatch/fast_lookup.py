@@ -1,4 +1,4 @@
-"""The compiled cache-hit path of eager dispatch (``vllm_ir._fast_lookup``), when it is there.
+"""The compiled cache-hit path of eager dispatch (``vllm_ir.ir.dispatch._fast_lookup``), when it is there.
 
 Building a decision-cache key in Python is most of the cost of a call that must consult a
 predicate (~0.5 us of ~0.9 us). The extension builds the same kind of key from the
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch  # also loads the libraries the extension links against
 
-from vllm_ir import env
+from vllm_ir.settings import env
 
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp
@@ -29,14 +29,14 @@ MAX_PARAMETERS = 64
 
 
 def _load() -> tuple[ModuleType | None, str | None]:
-    # One boolean parser for every variable (vllm_ir.env): 0/false/no/off turn it off; a
+    # One boolean parser for every variable (vllm_ir.settings.env): 0/false/no/off turn it off; a
     # malformed value leaves it on, with a warning and a `vllm-ir doctor` problem.
     if not env.read_bool(ENV_VAR, True):
         return None, f"turned off by {ENV_VAR}={os.environ[ENV_VAR].strip()}"
     if not isinstance(vars(torch.compiler).get(COMPILING_FLAG), bool):
         return None, f"torch {torch.__version__} has no torch.compiler.{COMPILING_FLAG}, which it reads"
     try:
-        from vllm_ir import _fast_lookup
+        from vllm_ir.ir.dispatch import _fast_lookup
     except ModuleNotFoundError:
         return None, "not built (install vllm-ir with --no-build-isolation and a C++ compiler to build it)"
     except ImportError as e:  # built for another torch, or its libraries did not resolve
@@ -46,7 +46,7 @@ def _load() -> tuple[ModuleType | None, str | None]:
 
 _module, unavailable_reason = _load()
 #: ``call_facts(args, tensor_indices, token_indices, first)``: what the trace records of a call,
-#: in one C call (`vllm_ir.ir.observe.python_call_facts` is its reference), or None.
+#: in one C call (`vllm_ir.ir.dispatch.observe.python_call_facts` is its reference), or None.
 call_facts = getattr(_module, "call_facts", None)
 
 
@@ -58,7 +58,7 @@ def describe() -> str:
     """One line for ``vllm-ir doctor``."""
     if _module is None:
         return f"pure Python ({unavailable_reason})"
-    return f"compiled (vllm_ir._fast_lookup, built for torch {_module.BUILT_FOR_TORCH})"
+    return f"compiled (vllm_ir.ir.dispatch._fast_lookup, built for torch {_module.BUILT_FOR_TORCH})"
 
 
 def make_lookup(op: IrOp, fixed: dict, decisions: dict, scope_var: Any) -> Any | None:
@@ -73,9 +73,9 @@ def make_lookup(op: IrOp, fixed: dict, decisions: dict, scope_var: Any) -> Any |
 
 def donation_conflict_checker(op: IrOp) -> tuple[Any, Any, Any]:
     """``(check, donated, tensors)``: ``check(donated, tensors, *args) -> (i, j) | None`` for
-    ``maybe_inplace`` calls of ``op`` (see vllm_ir.ir.aliasing), compiled where possible."""
+    ``maybe_inplace`` calls of ``op`` (see vllm_ir.ir.dispatch.donation), compiled where possible."""
     if _module is None or len(op.signature.parameters) > MAX_PARAMETERS:
-        from vllm_ir.ir.aliasing import donation_conflict
+        from vllm_ir.ir.dispatch.donation import donation_conflict
 
         return (lambda d, t, *args: donation_conflict(d, t, args)), op.activation_indices, op.tensor_param_indices
     donated_mask = sum(1 << i for i in op.activation_indices)

@@ -9,7 +9,7 @@ and for how long::
     print(t.module_table())   # per module path: which ops ran there, on which provider
     t.to_json("trace.json"); t.to_chrome_trace("trace.chrome.json")  # Perfetto, chrome://tracing
 
-Eager calls are recorded as they run (`vllm_ir.ir.observe`); graphs compiled while the trace
+Eager calls are recorded as they run (`vllm_ir.ir.dispatch.observe`); graphs compiled while the trace
 is open are listed with the kernel each IR node was lowered to, its module path and the
 fusions that fired or did not (`vllm_ir.passes.record`), whether the graph was compiled or
 served from Inductor's cache. ``VLLM_IR_TRACE=1`` traces a whole process and prints the
@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllm_ir import env
 from vllm_ir.errors import VllmIrError
-from vllm_ir.ir import observe
 from vllm_ir.ir import priority as _priority
-from vllm_ir.ir.observe import decode_shapes
+from vllm_ir.ir.dispatch import observe
+from vllm_ir.ir.dispatch.observe import decode_shapes
+from vllm_ir.settings import env
 
 if TYPE_CHECKING:
     import torch
 
-    from vllm_ir.ir.observe import CallSite
+    from vllm_ir.ir.dispatch.observe import CallSite
 
 SCHEMA = "vllm-ir.trace/1"
 #: Calls kept one by one (for the Chrome trace and ``events`` in JSON); older ones are dropped.
@@ -146,7 +146,7 @@ class Trace:
     # -- recording ------------------------------------------------------------------------
 
     def record(self, site: CallSite, facts: observe.CallFacts, start_ns: int, duration: Any) -> None:
-        """One call (`vllm_ir.ir.observe`): its facts (`observe.python_call_facts`, read before
+        """One call (`vllm_ir.ir.dispatch.observe`): its facts (`observe.python_call_facts`, read before
         the kernel ran); ``duration`` is ns, or a pair of CUDA events.
 
         Kept to a few dict and deque operations on this thread's shard (the issue's budget is

@@ -1,7 +1,7 @@
 """``vllm-ir bench``: validate and time every available implementation, and say which wins.
 
 For each (op, dtype, shape, provider): correctness against native first (a wrong kernel is
-reported, never timed), then timing with the shared helpers of `vllm_ir.timing` (CPU: warm-up
+reported, never timed), then timing with the shared helpers of `vllm_ir.tools.timing` (CPU: warm-up
 and median of repeated runs; CUDA: CUDA events, graphs where possible), reported as µs, GB/s
 and % of this machine's copy bandwidth, measured by the command itself.
 
@@ -42,10 +42,10 @@ from typing import Any
 import torch
 
 import vllm_ir
-from vllm_ir.ir import selection
+from vllm_ir.ir.dispatch import selection
 from vllm_ir.ir.impl import IrOpImpl, reason_of
 from vllm_ir.ir.op import IrOp
-from vllm_ir.timing import DESCHEDULED_BELOW, interleaved_rounds, machine_summary
+from vllm_ir.tools.timing import DESCHEDULED_BELOW, interleaved_rounds, machine_summary
 
 #: A single call slower than this is not timed (e.g. an interpreter back-end).
 MAX_CALL_SECONDS = 0.5
@@ -827,8 +827,8 @@ def plot(report: dict[str, Any], path: str | None, detail_path: str | None = Non
 
 def _check_providers(names: Sequence[str], ops: Sequence[IrOp]) -> None:
     """An unknown provider name is a usage error listing the known ones (one not here is only skipped)."""
-    from vllm_ir import env
-    from vllm_ir.cli import UsageError
+    from vllm_ir.settings import env
+    from vllm_ir.tools.arguments import UsageError
 
     here = {p for op in ops for p in op.impls}
     known = here | set(env.KNOWN_PROVIDERS) | {r.name for r in vllm_ir.provider_records()}
@@ -843,16 +843,16 @@ def _check_providers(names: Sequence[str], ops: Sequence[IrOp]) -> None:
 def json_report(report: dict[str, Any], verb: str = "bench") -> dict[str, Any]:
     """The ``--json FILE`` document of ``bench`` (``tune``, ``bench --model``: ``verb``):
     ``schema`` and the ``machine`` block every CLI document starts with
-    (`vllm_ir.cli.json_document`), then every figure; the one-line machine summary the table
+    (`vllm_ir.tools.output.json_document`), then every figure; the one-line machine summary the table
     prints is ``machine_summary``."""
-    from vllm_ir.cli import json_document
+    from vllm_ir.tools.output import json_document
 
     figures = {k: v for k, v in report.items() if k != "machine"}
     return json_document(verb, {"machine_summary": report["machine"], **figures})
 
 
 def main(args: Any) -> int:
-    from vllm_ir.cli import UsageError, check_memory, check_writable, get_op
+    from vllm_ir.tools.arguments import UsageError, check_memory, check_writable, get_op
 
     dtypes = args.dtype or [torch.float32, torch.bfloat16]
     if args.quick:

@@ -8,7 +8,7 @@ the functional path instead (fresh outputs, inputs untouched), which ``maybe_inp
 permits: it *may* reuse its inputs, it never has to.
 
 `donation_conflict` is the reference; the compiled lookup has the same check in C
-(``donation_conflict`` in ``csrc/fast_lookup.cpp``), and tests hold both to the same answers.
+(``donation_conflict`` in ``core/ir/dispatch/fast_lookup.cpp``), and tests hold both to the same answers.
 Anything the check cannot prove disjoint counts as a conflict.
 """
 

@@ -22,37 +22,32 @@ import json
 import os
 import shutil
 import sys
-import textwrap
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
-from vllm_ir.errors import VllmIrError
+from vllm_ir.tools.arguments import (
+    DTYPE_HELP,
+    UsageError,
+    check_memory,
+    comma_list,
+    get_op,
+    parse_device,
+    parse_dtype,
+    parse_dtypes,
+    parse_shape,
+    positive_int,
+    positive_int_list,
+)
+from vllm_ir.tools.output import (
+    JSON_VERSION,
+    format_table,
+    json_document,
+    one_line,
+)
 
-#: Activation dtypes the commands accept (the ops are floating-point ops).
-FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
-#: Short names accepted wherever ``--dtype`` is (tables print ``bf16``, so people type it).
-DTYPE_ALIASES = {
-    "fp32": "float32",
-    "float": "float32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "fp64": "float64",
-    "double": "float64",
-}
-#: Largest single dimension accepted from the command line.
-MAX_DIM = 2**31 - 1
-#: Version of every ``--json`` document's layout (``"schema": "vllm-ir.<verb>/<version>"``);
-#: raised when a field changes meaning or goes away (new fields do not raise it).
-JSON_VERSION = 1
 #: Exit status when the reader of stdout went away (``| head``): 128 + SIGPIPE, as a shell tool.
 EXIT_BROKEN_PIPE = 141
-
-
-class UsageError(VllmIrError):
-    """A command-line argument is wrong (or cannot be honoured here): one line on stderr, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,94 +68,6 @@ def _columns(args: argparse.Namespace) -> int | None:
     return max(40, shutil.get_terminal_size().columns)
 
 
-def one_line(text: str | None) -> str:
-    """The first line of a (multi-line) reason, saying how much is left out: a table row stays one row."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    if len(lines) <= 1:
-        return lines[0] if lines else ""
-    return f"{lines[0]} (+{len(lines) - 1} more lines: --json)"
-
-
-def _fit(natural: list[int], room: int) -> list[int]:
-    """Column widths within ``room``: narrow columns keep their width, the wide ones share the rest."""
-    if sum(natural) <= room:
-        return natural
-    widths = list(natural)
-    order = sorted(range(len(natural)), key=lambda i: natural[i])
-    left = room
-    for k, i in enumerate(order):
-        share = max(left // (len(order) - k), 6)
-        widths[i] = min(natural[i], share)
-        left -= widths[i]
-    return widths
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], columns: int | None = None, indent: int = 0) -> str:
-    """Aligned columns; with ``columns``, cells wrap (at words) so no line is wider than that.
-
-    A cell's own line breaks are kept (a continuation stays in its column), so a multi-line
-    reason never breaks the table.
-    """
-    cells = [[str(c) if c is not None else "" for c in row] for row in rows]
-    natural = [
-        max([len(h)] + [len(line) for r in cells for line in r[i].splitlines() or [""]]) for i, h in enumerate(headers)
-    ]
-    widths = natural if columns is None else _fit(natural, columns - indent - 2 * (len(headers) - 1))
-
-    def render(row: Sequence[str]) -> list[str]:
-        parts = [
-            _wrap(cell, w) if columns is not None else cell.splitlines() or [""]
-            for cell, w in zip(row, widths, strict=True)
-        ]
-        return [
-            "  ".join((p[k] if k < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip()
-            for k in range(max(len(p) for p in parts))
-        ]
-
-    lines = [*render(list(headers)), "  ".join("-" * w for w in widths)]
-    for r in cells:
-        lines += render(r)
-    return "\n".join(" " * indent + line for line in lines)
-
-
-def _wrap(cell: str, width: int) -> list[str]:
-    out: list[str] = []
-    for line in cell.splitlines() or [""]:
-        out += textwrap.wrap(line, width, subsequent_indent=" ") or [""]
-    return out
-
-
-def machine_block() -> dict[str, Any]:
-    """The machine every JSON document was made on, as a program compares two runs.
-
-    The facts a tuning table records (`vllm_ir.ir.tuning.machine_facts`: platform, CPU model
-    and ISA or GPU name and compute capability, core count, torch), the versions of every
-    loaded provider, vllm-ir and Python, and the OS and architecture.
-    """
-    import platform
-
-    import vllm_ir
-    from vllm_ir import plugins
-    from vllm_ir.ir import tuning
-
-    try:
-        facts = plugins.tuning_facts()
-        block = tuning.machine_facts(facts.platform, facts.provider_versions)
-    except Exception as exc:  # no platform (doctor says why): the CPU's facts all the same
-        block = tuning.machine_facts("unknown", {})
-        block["platform_error"] = f"{type(exc).__name__}: {exc}"
-    block["vllm_ir"] = vllm_ir.__version__
-    block["python"] = platform.python_version()
-    block["os"] = platform.system()
-    block["arch"] = platform.machine()
-    return block
-
-
-def json_document(verb: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """``payload`` behind the ``schema`` and ``machine`` keys every ``--json`` output starts with."""
-    return {"schema": f"vllm-ir.{verb}/{JSON_VERSION}", "machine": machine_block(), **payload}
-
-
 def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
     if args.json:
         json.dump(json_document(args.schema, payload), sys.stdout, indent=2, sort_keys=False)
@@ -178,7 +85,7 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
 
     records = vllm_ir.provider_records()
     bridge = _vllm_bridge()
-    from vllm_ir import plugins
+    from vllm_ir.plugins import discovery as plugins
 
     facts = plugins.provider_facts()
     payload = {"providers": [r.to_json() for r in records], "provider_facts": facts, "vllm_bridge": bridge}
@@ -194,7 +101,7 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
         dist = f"{r.distribution} {r.version}" if r.distribution else ""
         rows.append((r.name, dist, r.status.value, impls, one_line(r.reason)))
     text = (
-        _table(["entry point", "distribution", "status", "implements", "reason"], rows, columns)
+        format_table(["entry point", "distribution", "status", "implements", "reason"], rows, columns)
         if rows
         else ("no providers installed (entry point group vllm_ir.providers)")
     )
@@ -210,9 +117,9 @@ def _describe_provider_facts(facts: dict[str, dict[str, str]]) -> list[str]:
 
 
 def _vllm_bridge() -> dict[str, Any]:
-    """The vLLM bridge's status (`vllm_ir.vllm_bridge.describe`); never fails the command."""
+    """The vLLM bridge's status (`vllm_ir.integrations.vllm.describe`); never fails the command."""
     try:
-        from vllm_ir import vllm_bridge
+        from vllm_ir.integrations import vllm as vllm_bridge
 
         return vllm_bridge.describe()
     except Exception as exc:
@@ -260,7 +167,7 @@ def _op_json(op: Any) -> dict[str, Any]:
 def cmd_ops(args: argparse.Namespace) -> int:
     """Every op in one line each; ``ops NAME ...``: those ops in full."""
     import vllm_ir
-    from vllm_ir import config
+    from vllm_ir.settings import config
 
     vllm_ir.load_providers()
     chosen = [get_op(name, "names") for name in args.names] if args.names else list(vllm_ir.ops)
@@ -280,7 +187,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
             for op in ops
         ]
         hint = "(vllm-ir ops NAME: one op's signature, implementations and priorities)"
-        blocks = [_table(["op", "supported here", "eager priority"], rows, columns) + "\n" + hint]
+        blocks = [format_table(["op", "supported here", "eager priority"], rows, columns) + "\n" + hint]
     _emit(args, {"config": site, "ops": ops}, "\n\n".join(header + blocks))
     return 0
 
@@ -300,199 +207,14 @@ def _describe_op(op: dict[str, Any], columns: int | None) -> str:
         f"priority ({mode}): " + " > ".join(f"{e['provider']} [{e['source']}]" for e in entries)
         for mode, entries in op["priority"].items()
     ]
-    table = _table(["provider", "supported here", "inplace", "batch-invariant", "from"], impl_rows, columns, indent=2)
+    table = format_table(
+        ["provider", "supported here", "inplace", "batch-invariant", "from"], impl_rows, columns, indent=2
+    )
     return "\n".join([op["signature"], table, *(f"  {line}" for line in prio)])
 
 
 # ---------------------------------------------------------------------------------------
 # Argument checks: each names its argument and the accepted values.
-
-
-def _parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid shape {text!r}: expected sizes >= 0 such as 16x4096") from None
-    if not shape or any(d < 0 or d > MAX_DIM for d in shape):
-        raise argparse.ArgumentTypeError(
-            f"invalid shape {text!r}: expected sizes between 0 and {MAX_DIM} such as 16x4096"
-        )
-    return shape
-
-
-def _parse_dtype(text: str) -> Any:
-    import torch
-
-    name = text.strip().lower().removeprefix("torch.")
-    dtype = getattr(torch, DTYPE_ALIASES.get(name, name), None) if name else None
-    if not isinstance(dtype, torch.dtype):
-        hint = _did_you_mean(name, [*FLOAT_DTYPES, *DTYPE_ALIASES])
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; accepted: {DTYPE_HELP}{hint}")
-    if not dtype.is_floating_point or dtype.itemsize < 2:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a floating-point dtype the ops take; accepted: {DTYPE_HELP}")
-    return dtype
-
-
-def _did_you_mean(name: str, choices: Sequence[str]) -> str:
-    from vllm_ir import env
-
-    return env.did_you_mean(name, choices)
-
-
-def _parse_dtypes(text: str) -> list[Any]:
-    names = _comma_list(text)
-    if not names:
-        raise argparse.ArgumentTypeError(f"no dtype given; accepted: {', '.join(FLOAT_DTYPES)}")
-    return list(dict.fromkeys(_parse_dtype(n) for n in names))
-
-
-def _parse_device(text: str) -> str:
-    """A torch device this machine has: ``cpu``, ``cuda``, ``cuda:1``, ..."""
-    import torch
-
-    available = _available_devices()
-    try:
-        device = torch.device(text.strip())
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"unknown device {text!r}; accepted here: {', '.join(available)}") from None
-    if device.type == "cpu":
-        return str(device)
-    if device.type == "meta":
-        raise argparse.ArgumentTypeError(f"{text!r} holds no data; accepted here: {', '.join(available)}")
-    module = getattr(torch, device.type, None)
-    count = module.device_count() if module is not None and module.is_available() else 0
-    if count == 0:
-        build = (
-            f"torch {torch.__version__} is a CPU build"
-            if torch.version.cuda is None and torch.version.hip is None
-            else f"no {device.type} device is visible"
-        )
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not available here ({build}); accepted here: {', '.join(available)}"
-        )
-    if device.index is not None and device.index >= count:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: this machine has {count} {device.type} device(s); accepted here: {', '.join(available)}"
-        )
-    return str(device)
-
-
-def _available_devices() -> list[str]:
-    import torch
-
-    out = ["cpu"]
-    for kind in ("cuda", "xpu", "mps"):
-        module = getattr(torch, kind, None)
-        try:
-            count = module.device_count() if module is not None and module.is_available() else 0
-        except Exception:  # a back-end that cannot even count: not available
-            count = 0
-        out += [kind] + [f"{kind}:{i}" for i in range(count)] if count else []
-    return out
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer between 1 and {MAX_DIM}, got {text!r}") from None
-    if not 1 <= value <= MAX_DIM:
-        raise argparse.ArgumentTypeError(f"expected an integer between 1 and {MAX_DIM}, got {text!r}")
-    return value
-
-
-def _comma_list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _positive_int_list(text: str) -> list[int]:
-    items = _comma_list(text)
-    try:
-        values = [int(t) for t in items]
-    except ValueError:
-        values = []
-    if not values or any(not 1 <= v <= MAX_DIM for v in values):
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers between 1 and {MAX_DIM} such as 1,16,256, got {text!r}"
-        )
-    return list(dict.fromkeys(values))
-
-
-def check_writable(argument: str, path: str) -> None:
-    """Fail now, not after minutes of measuring, when ``path`` cannot be written."""
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"argument {argument}: {path} is a directory; expected a file path")
-    existed = p.exists()
-    try:
-        with open(p, "a"):
-            pass
-    except OSError as exc:
-        if not p.parent.exists():
-            raise UsageError(f"argument {argument}: cannot write {path}: directory {p.parent} does not exist") from None
-        raise UsageError(f"argument {argument}: cannot write {path}: {exc.strerror or exc}") from None
-    if not existed:
-        p.unlink()
-
-
-def check_memory(what: str, shape: Sequence[int], dtypes: Sequence[Any], device: str, tensors: int = 4) -> None:
-    """Refuse a shape whose inputs and outputs (``tensors`` of them) cannot fit in the device's free memory."""
-    import math
-
-    numel = math.prod(shape)
-    need = numel * max(d.itemsize for d in dtypes) * tensors
-    free = _free_memory(device)
-    if free is not None and need > free:
-        shape_text = "x".join(map(str, shape))
-        raise UsageError(
-            f"{what}: a [{shape_text}] case needs about {_bytes(need)} on {device}, which has {_bytes(free)} free; "
-            "choose smaller sizes"
-        )
-
-
-def _free_memory(device: str) -> int | None:
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        try:
-            return torch.cuda.mem_get_info(dev)[0]
-        except Exception:
-            return None
-    if dev.type == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} PiB"
-
-
-def get_op(name: str, argument: str = "op") -> Any:
-    """The op called ``name``; a usage error listing the known ops otherwise."""
-    import vllm_ir
-    from vllm_ir import env
-
-    try:
-        return vllm_ir.ops.__getattr__(name)
-    except AttributeError:
-        known = sorted(op.name for op in vllm_ir.ops)
-        hint = env.did_you_mean(name, known)
-        raise UsageError(f"argument {argument}: unknown op {name!r}; known ops: {', '.join(known)}{hint}") from None
 
 
 def explain_inputs(op: Any, shape: Sequence[int], dtype: Any, device: str, **options: Any) -> tuple[Any, ...]:
@@ -530,7 +252,7 @@ def explain_inputs(op: Any, shape: Sequence[int], dtype: Any, device: str, **opt
 
 def _not_in_priority(op: Any, args: Sequence[Any], listed: set[str], mode: str) -> list[dict[str, Any]]:
     """Installed implementations no priority layer names: what they would say to this call."""
-    from vllm_ir.ir import selection
+    from vllm_ir.ir.dispatch import selection
     from vllm_ir.ir.impl import reason_of
 
     out = []
@@ -592,7 +314,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     rows = [(v["provider"], v["status"], v["source"] or "", v["reason"] or "") for v in verdicts]
     lines = [
         f"{exp.op} ({exp.mode}), {call}: chose {exp.chosen}",
-        _table(["provider", "verdict", "from", "reason"], rows, columns, indent=2),
+        format_table(["provider", "verdict", "from", "reason"], rows, columns, indent=2),
         *([f"  tuning: {exp.tuning}"] if exp.tuning else []),
     ]
     text = "\n".join(lines)
@@ -614,14 +336,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------
 # doctor
 
-#: Variables vllm-ir itself reads besides vllm_ir.env.VARIABLES (a close miss of any is a typo).
+#: Variables vllm-ir itself reads besides vllm_ir.settings.env.VARIABLES (a close miss of any is a typo).
 _OTHER_VARIABLES = ("VLLM_IR_BUILD_EXTENSION",)
 
 
 def _setting_findings() -> list[Any]:
     """Every problem with the environment and the config file, read now (what an op call would read)."""
-    from vllm_ir import env, plugins
     from vllm_ir.ir import priority, tuning
+    from vllm_ir.plugins import discovery as plugins
+    from vllm_ir.settings import env
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the doctor lists them; no need to warn as well
@@ -648,8 +371,9 @@ def _doctor_report() -> dict[str, Any]:
     import torch
 
     import vllm_ir
-    from vllm_ir import config, env, plugins
     from vllm_ir.ir import priority
+    from vllm_ir.plugins import discovery as plugins
+    from vllm_ir.settings import config, env
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # listed below as problems
@@ -670,7 +394,7 @@ def _doctor_report() -> dict[str, Any]:
 
         triton["version"] = version("triton")
         triton["interpreter"] = os.environ.get("TRITON_INTERPRET") == "1"
-    from vllm_ir.ir import fast_lookup
+    from vllm_ir.ir.dispatch import fast_lookup
 
     eager_lookup = {"compiled": fast_lookup.available(), "detail": fast_lookup.describe()}
     problems: list[dict[str, Any]] = []
@@ -771,7 +495,7 @@ def _probe_predicates() -> dict[tuple[str, str], str]:
     import torch
 
     import vllm_ir
-    from vllm_ir.ir import selection
+    from vllm_ir.ir.dispatch import selection
 
     for op in vllm_ir.ops:
         probed = [i for i in op.impls.values() if i.supported and i.supports_args is not None]
@@ -881,7 +605,6 @@ def _indent(text: str) -> str:
 # Parser
 
 
-DTYPE_HELP = f"{', '.join(FLOAT_DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
 MODE_HELP = "the dispatch to explain: eager (calls from Python) or compile (what torch.compile traces); default eager"
 JSON_HELP = "print the JSON document (schema vllm-ir.{verb}/" + f"{JSON_VERSION}, with the machine) instead of a table"
 WIDE_HELP = "do not fit the table to the terminal (COLUMNS, else its width): long cells stay on one line"
@@ -937,16 +660,16 @@ def _explain_parser(sub: Any) -> None:
     explain.add_argument("op", help="op name, e.g. rms_norm")
     explain.add_argument(
         "--shape",
-        type=_parse_shape,
+        type=parse_shape,
         default=(16, 4096),
         help="shape of the op's first input (x; rotary_embedding: query), e.g. 16x4096; a gated op's x is "
         "twice its output's width",
     )
-    explain.add_argument("--dtype", type=_parse_dtype, default="float32", help=f"activation dtype: {DTYPE_HELP}")
+    explain.add_argument("--dtype", type=parse_dtype, default="float32", help=f"activation dtype: {DTYPE_HELP}")
     explain.add_argument(
-        "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
+        "--device", type=parse_device, default=None, help="torch device (default: the platform's device type)"
     )
-    explain.add_argument("--weight-dtype", type=_parse_dtype, default=None, help="weight dtype (default: --dtype)")
+    explain.add_argument("--weight-dtype", type=parse_dtype, default=None, help="weight dtype (default: --dtype)")
     explain.add_argument("--mode", choices=("eager", "compile"), default="eager", help=MODE_HELP)
     explain.add_argument(
         "--verbose", action="store_true", help="also show where the op and each implementation were registered"
@@ -971,15 +694,15 @@ def _bench_parser(sub: Any) -> None:
         table=False,
     )
     bench.add_argument("ops", nargs="*", help="ops to measure (default: all)")
-    bench.add_argument("--providers", type=_comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
+    bench.add_argument("--providers", type=comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
     bench.add_argument(
         "--dtype",
-        type=_parse_dtypes,
+        type=parse_dtypes,
         default=None,
         help=f"activation dtypes, comma-separated: {DTYPE_HELP} (default: float32,bfloat16)",
     )
-    bench.add_argument("--tokens", type=_positive_int_list, default=None, help="e.g. 1,16,256,4096")
-    bench.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (default: 4096; --model: 1024)")
+    bench.add_argument("--tokens", type=positive_int_list, default=None, help="e.g. 1,16,256,4096")
+    bench.add_argument("--hidden", type=positive_int, default=None, help="hidden size (default: 4096; --model: 1024)")
     bench.add_argument(
         "--model",
         default=None,
@@ -987,10 +710,10 @@ def _bench_parser(sub: Any) -> None:
         help="time a transformers model instead of ops: llama, mistral, qwen2, qwen3 or gemma (random weights), "
         "stock vs kernelized, eager and compiled; --tokens is then the prompt length (default 128)",
     )
-    bench.add_argument("--layers", type=_positive_int, default=2, help="decoder layers of the --model (default: 2)")
+    bench.add_argument("--layers", type=positive_int, default=2, help="decoder layers of the --model (default: 2)")
     bench.add_argument("--no-compile", action="store_true", help="with --model: eager variants only")
     bench.add_argument(
-        "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
+        "--device", type=parse_device, default=None, help="torch device (default: the platform's device type)"
     )
     bench.add_argument(
         "--json",
@@ -1018,7 +741,7 @@ def _bench_parser(sub: Any) -> None:
     bench.add_argument("--quick", action="store_true", help="fewer shapes and repeats (under a minute on CPU)")
     bench.add_argument(
         "--rounds",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="timing rounds per figure (default: 5); a figure spread over 10%% gets up to 2 more sets",
     )
@@ -1039,19 +762,19 @@ def _tune_parser(sub: Any) -> None:
         table=False,
     )
     tune.add_argument("ops", nargs="*", help="ops to tune (default: every op with a provider besides native)")
-    tune.add_argument("--providers", type=_comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
+    tune.add_argument("--providers", type=comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
     tune.add_argument(
         "--dtype",
-        type=_parse_dtypes,
+        type=parse_dtypes,
         default=None,
         help=f"activation dtypes, comma-separated: {DTYPE_HELP} (default: float32,bfloat16)",
     )
     tune.add_argument(
-        "--tokens", type=_positive_int_list, default=None, help="token counts (default 1,16,256,4096; --quick 1,16,256)"
+        "--tokens", type=positive_int_list, default=None, help="token counts (default 1,16,256,4096; --quick 1,16,256)"
     )
-    tune.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (default: 4096)")
+    tune.add_argument("--hidden", type=positive_int, default=None, help="hidden size (default: 4096)")
     tune.add_argument(
-        "--device", type=_parse_device, default=None, help="torch device (default: the platform's device type)"
+        "--device", type=parse_device, default=None, help="torch device (default: the platform's device type)"
     )
     tune.add_argument(
         "--out",
@@ -1060,7 +783,7 @@ def _tune_parser(sub: Any) -> None:
         help="the table to write (default: $VLLM_IR_TUNING, else ./vllm-ir-tuning.json)",
     )
     tune.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
-    tune.add_argument("--rounds", type=_positive_int, default=None, help="timing rounds per figure (default: 5)")
+    tune.add_argument("--rounds", type=positive_int, default=None, help="timing rounds per figure (default: 5)")
     tune.add_argument("--force", action="store_true", help="write the table even when the machine was busy")
     tune.add_argument(
         "--json", dest="json_file", metavar="FILE", default=None, help="write the figures the table learns from to FILE"
@@ -1088,7 +811,7 @@ def _trace_parser(sub: Any) -> None:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from vllm_ir import tracing
+    from vllm_ir.tools import tracing
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -1117,17 +840,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from vllm_ir import tune
+    from vllm_ir.tools import tune
 
     return tune.main(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.model is not None:
-        from vllm_ir import model_bench
+        from vllm_ir.tools import model_bench
 
         return model_bench.main(args)
-    from vllm_ir import bench
+    from vllm_ir.tools import bench
 
     return bench.main(args)
 
@@ -1150,13 +873,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        from vllm_ir.plugins import interrupted_plugin
+        from vllm_ir.plugins.discovery import interrupted_plugin
 
         print(f"{prog}: {interrupted_plugin(exc) or 'interrupted'}", file=sys.stderr)
         return 130
     except Exception as exc:
         from vllm_ir.errors import VllmIrError
-        from vllm_ir.log import get_logger
+        from vllm_ir.settings.log import get_logger
 
         get_logger("cli").debug("%s failed", prog, exc_info=True)
         what = str(exc) if isinstance(exc, (VllmIrError, ValueError, TypeError)) else f"{type(exc).__name__}: {exc}"

@@ -1,8 +1,8 @@
 """One op's cached dispatch decisions: the dicts the hot path reads, clearing, statistics.
 
-The eager hot path looks a call's key (`vllm_ir.ir.cache_key`) up in ``decisions``, or in
+The eager hot path looks a call's key (`vllm_ir.ir.dispatch.cache_key`) up in ``decisions``, or in
 ``fixed`` when the first candidate of a scope accepts every call (no key needed). Where the
-``vllm_ir._fast_lookup`` extension is built, a compiled `lookup` reads the same two dicts.
+``vllm_ir.ir.dispatch._fast_lookup`` extension is built, a compiled `lookup` reads the same two dicts.
 Calls that reach the torch op's kernel (a graph that kept the IR node, a direct
 ``torch.ops.vllm_ir`` call) keep their own dict, without the fallback policy. Anything that
 can change a decision clears all of them through `vllm_ir.ir.registry.invalidate`.
@@ -15,13 +15,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vllm_ir.ir import fallback, fast_lookup, observe, registry, selection, tuning
 from vllm_ir.ir import priority as _priority
-from vllm_ir.log import get_logger
+from vllm_ir.ir import registry, tuning
+from vllm_ir.ir.dispatch import fallback, fast_lookup, observe, selection
+from vllm_ir.settings.log import get_logger
 
 if TYPE_CHECKING:
+    from vllm_ir.ir.dispatch.selection import Decision
     from vllm_ir.ir.op import IrOp
-    from vllm_ir.ir.selection import Decision
 
 #: A runaway key space (e.g. a new epsilon every call) resets the cache instead of growing it.
 MAX_CACHED_DECISIONS = 4096
@@ -85,7 +86,7 @@ class DecisionCache:
 
     def _observed_twin(self, key: tuple) -> Decision | None:
         """In a traced or profiled scope: the plain scope's cached decision for this call, behind a
-        recorder or profiler range (`vllm_ir.ir.observe`), so that it keeps the plain decision's
+        recorder or profiler range (`vllm_ir.ir.dispatch.observe`), so that it keeps the plain decision's
         settled kernels (its first-call result check is not run again); None if it has none."""
         scope = key[0]
         if scope is None or not scope.observed:

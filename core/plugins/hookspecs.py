@@ -28,7 +28,7 @@ from vllm_ir.ir import registry, signature
 from vllm_ir.ir.priority import MODES
 
 if TYPE_CHECKING:
-    from vllm_ir.platforms import Platform
+    from vllm_ir.plugins.platforms import Platform
 
 PROJECT = "vllm_ir"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -100,7 +100,7 @@ class HookResultError(VllmIrError, ValueError):
 
 def check_platform(result: Any) -> Platform | None:
     """``vllm_ir_platform``: a `Platform` (whose defaults are themselves valid) or None."""
-    from vllm_ir.platforms import Platform
+    from vllm_ir.plugins.platforms import Platform
 
     if result is None:
         return None

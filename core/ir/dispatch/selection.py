@@ -2,7 +2,7 @@
 
 This is the reference every fast path answers like: `decide` walks the effective priority
 and returns the first implementation whose predicate accepts the call. The eager hot path
-caches its answers (`vllm_ir.ir.decision_cache`), lowering asks it on fake values.
+caches its answers (`vllm_ir.ir.dispatch.decision_cache`), lowering asks it on fake values.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vllm_ir.errors import PredicateError, ProviderWarning
-from vllm_ir.ir import observe, results, tuning
 from vllm_ir.ir import priority as _priority
-from vllm_ir.ir.fallback import user_stacklevel
+from vllm_ir.ir import results, tuning
+from vllm_ir.ir.dispatch import observe
+from vllm_ir.ir.dispatch.fallback import user_stacklevel
 from vllm_ir.ir.impl import NATIVE, IrOpImpl, Unsupported, reason_of
 from vllm_ir.ir.priority import EntryStatus, Mode, PriorityLayer, current_scope
-from vllm_ir.log import get_logger
+from vllm_ir.settings.log import get_logger
 
 if TYPE_CHECKING:
     from vllm_ir.ir.op import IrOp

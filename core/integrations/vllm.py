@@ -1,7 +1,7 @@
 """vLLM's own IR ops (``vllm.ir.ops``) run vllm-ir's implementations: the bridge.
 
 vLLM calls every ``vllm.general_plugins`` entry point at start-up in each of its processes;
-vllm-ir's (``vllm_ir = vllm_ir.vllm_bridge:register``) loads our providers and registers each
+vllm-ir's (``vllm_ir = vllm_ir.integrations.vllm:register``) loads our providers and registers each
 implementation of an op whose semantics vLLM shares with us as a vLLM implementation named
 ``vllm_ir_<provider>`` (``vllm_ir_vllm_c``, ``vllm_ir_aten``, ...). Nothing else changes in
 vLLM: a bridged implementation runs only where the user names it in vLLM's IR priority

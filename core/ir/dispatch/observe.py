@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from vllm_ir.ir import fast_lookup
-from vllm_ir.ir.cache_key import first_token_count
+from vllm_ir.ir.dispatch import fast_lookup
+from vllm_ir.ir.dispatch.cache_key import first_token_count
 
 if TYPE_CHECKING:
+    from vllm_ir.ir.dispatch.selection import Decision
     from vllm_ir.ir.op import IrOp
-    from vllm_ir.ir.selection import Decision
 
 #: The module whose ``_is_profiler_enabled`` flag torch's profilers set on start and clear on stop:
 #: one attribute read, which the Python hot path can afford. (The C lookup asks this thread's
@@ -140,7 +140,7 @@ def call_site(op: IrOp, provider: str, form: str, skipped: tuple[tuple[str, str]
 
 def observed(op: IrOp, decision: Decision, *, traced: bool, labelled: bool) -> Decision:
     """A decision that runs ``decision``'s kernels behind recorders (traced) or profiler ranges."""
-    from vllm_ir.ir.selection import Decision
+    from vllm_ir.ir.dispatch.selection import Decision
 
     impl = decision.impl
     in_place = "in-place" if impl.has_inplace_kernel else "functional"

@@ -29,7 +29,7 @@ def configure_from_env() -> None:
     """Apply ``VLLM_IR_LOG_LEVEL`` (unset: leave logging to the application).
 
     A set level attaches one stderr handler to the ``vllm_ir`` logger; a malformed value is
-    ignored as any malformed setting is (`vllm_ir.env`): one `ConfigWarning` and a ``vllm-ir
+    ignored as any malformed setting is (`vllm_ir.settings.env`): one `ConfigWarning` and a ``vllm-ir
     doctor`` problem, never an import error (a log record would go nowhere: the logger is silent).
     """
     global _handler
@@ -38,7 +38,7 @@ def configure_from_env() -> None:
     if not raw:
         return
     if raw not in LEVELS:
-        from vllm_ir import env  # only for the mistake: keeps `import vllm_ir` lean
+        from vllm_ir.settings import env  # only for the mistake: keeps `import vllm_ir` lean
 
         message = f"{ENV_LOG_LEVEL}={value!r} is not a log level; accepted: {', '.join(LEVELS)} (any case)"
         hint = env.did_you_mean(raw, LEVELS)

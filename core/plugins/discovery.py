@@ -4,7 +4,7 @@ Each entry point of the ``vllm_ir.providers`` group is handled on its own: its d
 ``vllm-ir`` requirement is checked before anything is imported, its import registers its
 implementations (and maybe ops), and its module joins a pluggy `PluginManager`. Whatever goes
 wrong (import, ``sys.exit``, refused registration, incompatible core, a raising hook, a hook
-result that breaks its contract, see `vllm_ir.hookspecs`) is recorded in a `ProviderRecord`,
+result that breaks its contract, see `vllm_ir.plugins.hookspecs`) is recorded in a `ProviderRecord`,
 everything the provider registered is withdrawn, and everything else keeps working;
 ``VLLM_IR_STRICT_PLUGINS=1`` raises instead. Hooks are called one implementation at a time
 (pluggy's own loop would let one failure abort all) and only when priorities are built.
@@ -12,7 +12,7 @@ everything the provider registered is withdrawn, and everything else keeps worki
 Discovery and everything built from hooks run under `registry.lock`: a thread that arrives
 while another one loads waits for it (the loading thread itself re-enters freely), so every
 first call sees the fully loaded providers. Each step is logged at DEBUG on the
-``vllm_ir.plugins`` logger (``VLLM_IR_LOG_LEVEL=DEBUG``).
+``vllm_ir.plugins.discovery`` logger (``VLLM_IR_LOG_LEVEL=DEBUG``).
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from vllm_ir import env, hookspecs
-from vllm_ir.env import ConfigError, Finding
 from vllm_ir.errors import VllmIrError
-from vllm_ir.hookspecs import HookResultError
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import registry
 from vllm_ir.ir.impl import NATIVE
-from vllm_ir.log import get_logger
+from vllm_ir.plugins import hookspecs
+from vllm_ir.plugins.hookspecs import HookResultError
+from vllm_ir.settings import env
+from vllm_ir.settings.env import ConfigError, Finding
+from vllm_ir.settings.log import get_logger
 
 ENTRY_POINT_GROUP = "vllm_ir.providers"
 ENV_ALLOW = env.ENV_ALLOW
@@ -219,7 +220,7 @@ def reset_for_tests() -> None:
         _state.__init__()  # type: ignore[misc]
         for owner in (_OWNER_SETTINGS, _OWNER_PLATFORM, _OWNER_VARIABLES):
             env.clear(owner)
-        from vllm_ir import config
+        from vllm_ir.settings import config
 
         config.reset()
         install()  # a test may have replaced the defaults source
@@ -367,14 +368,23 @@ def _load(name: str, explicit: bool = False) -> None:
 
 def _core_requirement_problem(ep: metadata.EntryPoint) -> str | None:
     """Check the provider's ``Requires-Dist: vllm-ir ...`` against the installed core."""
-    import vllm_ir
-
     dist = getattr(ep, "dist", None)
     for line in (dist.requires or []) if dist else []:
         specifier = _core_specifier(line)
-        if specifier is not None and not specifier.contains(vllm_ir.__version__, prereleases=True):
-            return f"requires {CORE_DISTRIBUTION}{specifier} but {vllm_ir.__version__} is installed"
+        if specifier is None:
+            continue
+        installed = _core_version()
+        if installed is not None and not specifier.contains(installed, prereleases=True):
+            return f"requires {CORE_DISTRIBUTION}{specifier} but {installed} is installed"
     return None
+
+
+def _core_version() -> str | None:
+    """The installed core distribution's version (its metadata, as pip sees it); None if absent."""
+    try:
+        return metadata.version(CORE_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 #: A ``Requires-Dist`` line: the distribution name, then the rest.
@@ -518,7 +528,7 @@ def provider_variables() -> dict[str, tuple[str, str]]:
                 Finding(
                     f"plugin {impl.plugin_name}",
                     f"plugin {impl.plugin_name!r}: {reason}; its variables are not listed",
-                    "fix the plugin's hook (see vllm_ir.hookspecs)",
+                    "fix the plugin's hook (see vllm_ir.plugins.hookspecs)",
                 )
             )
             continue
@@ -578,7 +588,7 @@ def _call_hook(hook_name: str, **args: Any) -> list[tuple[str, Any]]:
 
 
 def _checked(plugin: str, check: Callable[..., Any], result: Any, **context: Any) -> tuple[bool, Any]:
-    """Validate one hook result (`vllm_ir.hookspecs`); an invalid one fails ``plugin``."""
+    """Validate one hook result (`vllm_ir.plugins.hookspecs`); an invalid one fails ``plugin``."""
     if plugin not in _state.records:
         return True, check(result, **context)
     return _guard(plugin, f"checking the result of {check.__name__}", check, result, **context)
@@ -590,7 +600,7 @@ def _choose_platform() -> Any:
     Several claims and no choice: built-in detection is used, a warning and a ``doctor``
     problem say how to choose, and every claimant stays loaded (its kernels included).
     """
-    from vllm_ir import platforms
+    from vllm_ir.plugins import platforms
 
     _state.claimant = None
     claims: dict[str, Any] = {}
@@ -643,7 +653,7 @@ def _choose_platform() -> Any:
 
 def _platform_choice() -> tuple[str | None, str]:
     """``VLLM_IR_PLATFORM``, else the config file's ``platform`` (value, where it came from)."""
-    from vllm_ir import config
+    from vllm_ir.settings import config
 
     value = env.raw(ENV_PLATFORM)
     if value is not None:
@@ -714,7 +724,7 @@ def _adjusted(entries: list[tuple[str, str]], new: Sequence[str], plugin: str) -
 def _as_claimed(platform: Any, plugin: str) -> Any:
     import dataclasses
 
-    from vllm_ir.platforms import Platform
+    from vllm_ir.plugins.platforms import Platform
 
     if isinstance(platform, Platform) and platform.claimed_by is None:
         return dataclasses.replace(platform, claimed_by=plugin)
@@ -774,7 +784,7 @@ def _env_names(name: str) -> tuple[str, ...] | None:
 
 def _allow_and_deny() -> tuple[set[str] | None, set[str], str, dict[str, str]]:
     """The allow-list (None: all), the deny-list, and where each came from (env or config file)."""
-    from vllm_ir import config
+    from vllm_ir.settings import config
 
     site = config.current()
     allow_names = _env_names(ENV_ALLOW)
