@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -38,3 +40,17 @@ def inplace_fused_add_rms_norm(
 
 def x_w(tokens: int = 4, hidden: int = 16, dtype: torch.dtype = torch.float32):
     return vllm_ir.ops.rms_norm.generate_inputs((tokens, hidden), dtype)[:3]
+
+
+@contextlib.contextmanager
+def discovery_answering(**answers: Callable[..., object]) -> Iterator[None]:
+    """Connect a discovery that answers ``answers`` (fields of `vllm_ir.ir.registry.Discovery`,
+    e.g. ``defaults=lambda mode: {...}``) and the rest as the connected one; reconnect that on exit."""
+    from vllm_ir.ir import registry
+
+    previous = registry.discovery()
+    registry.connect_discovery(dataclasses.replace(previous, **answers))
+    try:
+        yield
+    finally:
+        registry.connect_discovery(previous)

@@ -15,8 +15,9 @@ from torch._dynamo.utils import counters
 
 import vllm_ir
 from tests.compile_models import KERNEL_CALLS
+from tests.ops_for_tests import discovery_answering
 from vllm_ir import passes
-from vllm_ir.ir import priority as _priority
+from vllm_ir.ir import registry
 
 ops = vllm_ir.ops
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,19 +64,16 @@ def test_uuid_follows_priority_including_scoped_priority():
 
 
 def test_uuid_ignores_eager_only_defaults():
-    previous = _priority._defaults_source
+    previous = registry.discovery().defaults
     base = _lowering_uuid()
 
     def eager_only(mode):
         extra = {"rms_norm": [("test_opaque", "test")]} if mode == "eager" else {}
-        return {**(dict(previous(mode)) if previous else {}), **extra}
+        return {**dict(previous(mode)), **extra}
 
-    _priority.set_defaults_source(eager_only)
-    try:
+    with discovery_answering(defaults=eager_only):
         assert ops.rms_norm.get_priority("eager")[0].provider == "test_opaque"
         assert _lowering_uuid() == base
-    finally:
-        _priority.set_defaults_source(previous)
 
 
 def test_uuid_follows_the_code_of_candidate_implementations_and_predicates():

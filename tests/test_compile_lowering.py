@@ -8,8 +8,9 @@ from torch import Tensor
 
 import vllm_ir
 from tests.compile_models import compile_with_passes, count_ir_nodes
+from tests.ops_for_tests import discovery_answering
 from vllm_ir import passes
-from vllm_ir.ir import priority as _priority
+from vllm_ir.ir import registry
 
 ops = vllm_ir.ops
 EPS = 1e-6
@@ -64,7 +65,7 @@ def test_each_node_gets_the_provider_eager_dispatch_picks_for_its_arguments():
 
 
 def test_lowering_uses_compile_mode_defaults_and_eager_uses_eager_ones():
-    previous = _priority._defaults_source
+    previous = registry.discovery().defaults
     compile_defaults = {"rms_norm": [("test_opaque", "test platform")]}
 
     def source(mode):
@@ -72,15 +73,12 @@ def test_lowering_uses_compile_mode_defaults_and_eager_uses_eager_ones():
         return {**base, **compile_defaults} if mode == "compile" else base
 
     x, w = torch.randn(4, 32), torch.randn(32)
-    _priority.set_defaults_source(source)
-    try:
+    with discovery_answering(defaults=source):
         assert ops.rms_norm.dispatch(x, w, EPS, mode="compile").provider == "test_opaque"
         eager_choice = ops.rms_norm.dispatch(x, w, EPS).provider
         assert eager_choice != "test_opaque"
         compiled, record = compile_with_passes(lambda x, w: ops.rms_norm(x, w, EPS) * 2)
         torch.testing.assert_close(compiled(x, w), ops.rms_norm(x, w, EPS) * 2)
-    finally:
-        _priority.set_defaults_source(previous)
     assert list(record.selected_impls["rms_norm"].values()) == ["test_opaque"]
 
 

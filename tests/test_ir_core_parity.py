@@ -9,7 +9,7 @@ from torch import Tensor
 
 import vllm_ir
 from tests.conftest import unique
-from tests.ops_for_tests import rms_norm_impl
+from tests.ops_for_tests import discovery_answering, rms_norm_impl
 from vllm_ir import PriorityError, PriorityLayer, RegistrationError, ToleranceError
 from vllm_ir.ir.impl import RESERVED_PROVIDERS
 from vllm_ir.ir.op import DEFAULT_TOLERANCES, registration_site
@@ -155,11 +155,9 @@ def two_providers():
 
 
 def test_set_default_replaces_the_hook_defaults_below_every_other_layer(two_providers, monkeypatch):
-    from vllm_ir.ir import priority as priority_module
 
     op = two_providers
-    priority_module.set_defaults_source(lambda mode: {"rms_norm": [("d_first", "platform test")]})
-    try:
+    with discovery_answering(defaults=lambda mode: {"rms_norm": [("d_first", "platform test")]}):
         assert [e.provider for e in op.get_priority()] == ["d_first", "native"]
         op.set_default(["d_second"])
         entries = op.get_priority()
@@ -178,8 +176,6 @@ def test_set_default_replaces_the_hook_defaults_below_every_other_layer(two_prov
         vllm_ir.reload_env()
         op.set_default(None)
         assert [e.source for e in op.get_priority()] == ["platform test", "always last"]
-    finally:
-        priority_module.set_defaults_source(None)
 
 
 def test_set_default_per_mode(two_providers):

@@ -7,9 +7,8 @@ import threading
 import pytest
 
 import vllm_ir
-from tests.ops_for_tests import rms_norm_impl
+from tests.ops_for_tests import discovery_answering, rms_norm_impl
 from vllm_ir import PriorityError, PriorityLayer
-from vllm_ir.ir import priority as priority_module
 
 op = vllm_ir.ops.rms_norm
 
@@ -43,17 +42,41 @@ def test_layers_stack_in_order(monkeypatch, three):
 
 
 def test_defaults_source_feeds_the_lowest_layer_per_mode(three):
-    priority_module.set_defaults_source(
-        lambda mode: {"rms_norm": [("p_env", "platform test")]} if mode == "eager" else {}
-    )
-    try:
+    with discovery_answering(
+        defaults=lambda mode: {"rms_norm": [("p_env", "platform test")]} if mode == "eager" else {}
+    ):
         assert op.get_priority("eager")[0].source == "platform test"
         assert _providers("compile") == [("native", PriorityLayer.DEFAULT)]
         vllm_ir.set_priority(rms_norm=["p_global"])
         assert [p for p, _ in _providers()] == ["p_global", "p_env", "native"]
         assert [p for p, _ in _providers("compile")] == ["p_global", "native"]
-    finally:
-        priority_module.set_defaults_source(None)
+
+
+def test_the_core_learns_from_discovery_only_through_the_connected_discovery(three, monkeypatch):
+    """Defaults, known names and absence reasons all come from `registry.connect_discovery`;
+    connecting another drops every decision made from the first, and reconnecting restores it."""
+    import torch
+
+    from vllm_ir.ir import registry
+
+    x, w = torch.randn(2, 32), torch.randn(32)
+    before = op.dispatch(x, w, 1e-6).provider
+    answers = {
+        "defaults": lambda mode: {"rms_norm": [("p_gone", "test"), ("p_env", "test")]},
+        "absence_reason": lambda p: "plugin 'p_gone' failed: test" if p == "p_gone" else None,
+        "known_names": lambda: ["p_env2"],
+    }
+    with discovery_answering(**answers):
+        assert op.dispatch(x, w, 1e-6).provider == "p_env"
+        (gone,) = [v for v in op.explain(x, w, 1e-6).verdicts if v.provider == "p_gone"]
+        assert "plugin 'p_gone' failed: test" in gone.reason
+        monkeypatch.setenv("VLLM_IR_OP_PRIORITY", "rms_norm=p_env2")
+        vllm_ir.reload_env()  # a provider discovery knows (not here): a note, not a typo of p_env
+    assert op.dispatch(x, w, 1e-6).provider == before
+    with pytest.raises(vllm_ir.ConfigError, match="p_env2"):
+        vllm_ir.reload_env()
+    monkeypatch.delenv("VLLM_IR_OP_PRIORITY")
+    vllm_ir.reload_env()
 
 
 def test_duplicates_keep_first_occurrence(three):

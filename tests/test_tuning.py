@@ -17,7 +17,7 @@ from torch import Tensor
 
 import vllm_ir
 from tests.compile_models import KERNEL_CALLS
-from tests.ops_for_tests import rms_norm_impl
+from tests.ops_for_tests import discovery_answering, rms_norm_impl
 from tests.test_cli import run
 from vllm_ir import ConfigWarning, PriorityLayer
 from vllm_ir.ir import tuning
@@ -145,15 +145,15 @@ def test_a_table_measured_on_other_machine_facts_is_ignored_with_the_reason(two_
 
 
 def test_an_entry_measured_with_another_provider_version_is_ignored(two_kernels, tmp_path, monkeypatch):
-    monkeypatch.setattr(tuning, "_source", lambda: tuning.Facts("cpu", {"tp_tune_a": "2.0", "tp_tune_b": "1.0"}, ()))
-    path = table(tmp_path / "t.json", [entry(["tp_tune_a"], 1, 8), entry(["tp_tune_b"], 8)],
-                 providers={"tp_tune_a": "1.0", "tp_tune_b": "1.0"})  # fmt: skip
-    use(monkeypatch, path)
-    assert _chosen(4) == "native" and _chosen(16) == "tp_tune_b"
-    assert (
-        "measured with tp_tune_a 1.0, tp_tune_a 2.0 is installed"
-        in ops.rms_norm.explain(torch.randn(4, 32), W, 1e-6).tuning
-    )
+    with discovery_answering(tuning_facts=lambda: tuning.Facts("cpu", {"tp_tune_a": "2.0", "tp_tune_b": "1.0"}, ())):
+        path = table(tmp_path / "t.json", [entry(["tp_tune_a"], 1, 8), entry(["tp_tune_b"], 8)],
+                     providers={"tp_tune_a": "1.0", "tp_tune_b": "1.0"})  # fmt: skip
+        use(monkeypatch, path)
+        assert _chosen(4) == "native" and _chosen(16) == "tp_tune_b"
+        assert (
+            "measured with tp_tune_a 1.0, tp_tune_a 2.0 is installed"
+            in ops.rms_norm.explain(torch.randn(4, 32), W, 1e-6).tuning
+        )
 
 
 def test_rotary_keeps_one_decision_across_token_counts():

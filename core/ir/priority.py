@@ -20,7 +20,7 @@ import contextvars
 import dataclasses
 import enum
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -95,7 +95,6 @@ class ResolvedPriority:
 
 
 #: Returns, for a mode, op name -> [(provider, source)] contributed by platforms and plugins.
-DefaultsSource = Callable[[Mode], Mapping[str, Sequence[tuple[str, str]]]]
 
 
 @dataclass(frozen=True)
@@ -210,20 +209,8 @@ process_traced = _initial is not None
 #: The innermost ``priority()`` scope; read by the eager hot path (also from C, see fast_lookup).
 scope_var: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("vllm_ir_priority_scope", default=_initial)
 _global: dict[str, tuple[str, ...]] = {}
-_defaults_source: DefaultsSource | None = None
 #: (op, mode) -> providers set from code by `set_default`: replace the hooks' defaults of that op.
 _code_defaults: dict[tuple[str, Mode], tuple[str, ...]] = {}
-#: Provider names known besides the registered implementations (the discovered entry points).
-_known_names: Callable[[], Iterable[str]] = tuple
-
-
-def _no_reason(provider: str) -> str | None:
-    return None
-
-
-#: Why a provider named in a priority list has no implementation here, when discovery knows
-#: (its plugin failed, was refused, blocked or not loaded): the reason ``providers list`` shows. None: unknown.
-_absence_reason: Callable[[str], str | None] = _no_reason
 _settings: Settings | None = None
 _resolved: dict[tuple[str, Mode, _Scope | None, TuningEntry | None], ResolvedPriority] = {}
 registry.on_invalidate(_resolved.clear)
@@ -272,27 +259,6 @@ def reload_env() -> Settings:
 
 
 _OWNER = "priority"
-
-
-def set_known_names(source: Callable[[], Iterable[str]]) -> None:
-    """Install where provider names beyond the registered implementations come from (discovery)."""
-    global _known_names
-    _known_names = source
-
-
-def set_absence_source(source: Callable[[str], str | None]) -> None:
-    """Install where the reason a provider is missing comes from (discovery's provider records)."""
-    global _absence_reason
-    _absence_reason = source
-    registry.invalidate()
-
-
-def set_defaults_source(source: DefaultsSource | None) -> None:
-    """Install where default priorities come from (the plugin layer's merged hooks)."""
-    global _defaults_source
-    with registry.lock:
-        _defaults_source = source
-        registry.invalidate()
 
 
 def set_priority(**op_priorities: Sequence[str] | None) -> None:
@@ -429,8 +395,8 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None, tuned: TuningEntry | No
     code_defaults = _code_defaults.get((op.name, mode))
     if code_defaults is not None:
         raw += [PriorityEntry(p, PriorityLayer.DEFAULT, "set_default") for p in code_defaults]
-    elif _defaults_source is not None:
-        defaults = _defaults_source(mode).get(op.name, ())
+    else:
+        defaults = registry.discovery().defaults(mode).get(op.name, ())
         raw += [PriorityEntry(p, PriorityLayer.DEFAULT, src) for p, src in defaults]
     raw.append(PriorityEntry(NATIVE, PriorityLayer.DEFAULT, "always last"))
 
@@ -449,7 +415,7 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None, tuned: TuningEntry | No
                 ResolvedEntry(
                     entry,
                     EntryStatus.NOT_INSTALLED,
-                    _absence_reason(entry.provider)
+                    registry.discovery().absence_reason(entry.provider)
                     or f"no {entry.provider!r} implementation of {op.name} is registered",
                 )
             )
@@ -527,7 +493,8 @@ def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tu
         hint = env.did_you_mean(op_name, [o.name for o in registry.all_ops()])
         raise _error(source, f"{exc}{hint}", f"use one of the known op names in {source}") from None
     notes: list[Finding] = []
-    known = set(env.KNOWN_PROVIDERS) | {p for o in registry.all_ops() for p in o.impls} | set(_known_names())
+    discovered = registry.discovery().known_names()
+    known = set(env.KNOWN_PROVIDERS) | {p for o in registry.all_ops() for p in o.impls} | set(discovered)
     for p in providers:
         impl = op.impls.get(p)
         if impl is not None:

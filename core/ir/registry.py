@@ -8,13 +8,20 @@ the per-op decision caches and resolved priority lists.
 default priorities, resolved priority lists and the table itself. It is re-entrant because
 discovery re-enters itself (a plugin's import registers implementations, which invalidate;
 a hook may ask for a priority). The hot path, a cached decision, never takes it.
+
+**Discovery.** The IR core never imports the plugin layer. What discovery knows -- how to run
+it, the hooks' default priorities, the provider names it found, why one is absent, the facts
+the tuning layer needs -- reaches the core through one object, `Discovery`, which the plugin
+layer hands over once with `connect_discovery`. Discovery stays lazy (it runs on the first
+call that needs it, so it reads the environment as it is then, not at ``import vllm_ir``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from vllm_ir.errors import UnknownOpError
 
@@ -23,7 +30,7 @@ if TYPE_CHECKING:
 
 _ops: dict[str, IrOp] = {}
 _invalidation_listeners: list[Callable[[], None]] = []
-_providers_loader: Callable[[], None] | None = None
+_connection_listeners: list[Callable[[], None]] = []
 epoch = 0
 #: Held while discovery runs and while any lazily built structure is built (see above).
 lock = threading.RLock()
@@ -90,10 +97,60 @@ def invalidate() -> None:
             listener()
 
 
-def set_providers_loader(loader: Callable[[], None] | None) -> None:
-    """Install the function that discovers plugin providers (run lazily, once)."""
-    global _providers_loader
-    _providers_loader = loader
+def _nothing() -> None:
+    return None
+
+
+def _no_defaults(mode: str) -> Mapping[str, Sequence[tuple[str, str]]]:
+    return {}
+
+
+def _no_reason(provider: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What provider discovery answers the IR core (see the module doc); each field is asked
+    lazily, under `lock`. The defaults describe a process without plugins."""
+
+    #: Run discovery unless it has run; waits while another thread runs it.
+    ensure_loaded: Callable[[], None] = _nothing
+    #: mode -> {op: [(provider, where that default comes from)]}: the providers' default priorities.
+    defaults: Callable[[str], Mapping[str, Sequence[tuple[str, str]]]] = _no_defaults
+    #: Provider names discovery found besides the registered implementations (entry points,
+    #: withdrawn plugins): a priority list naming one is not a typo.
+    known_names: Callable[[], Iterable[str]] = tuple
+    #: Why ``provider`` has no implementation here (its plugin failed, was refused, blocked or
+    #: left unloaded), as ``providers list`` shows it; None when discovery knows no reason.
+    absence_reason: Callable[[str], str | None] = _no_reason
+    #: The platform, provider versions and shipped tables (`vllm_ir.ir.tuning.Facts`); None: CPU, none.
+    tuning_facts: Callable[[], Any] | None = None
+
+
+_discovery = Discovery()
+
+
+def connect_discovery(discovery: Discovery) -> None:
+    """Hand the core what discovery answers: the plugin layer calls this once, at import (a test
+    may connect a variant, ``dataclasses.replace(registry.discovery(), defaults=...)``, and
+    reconnect the previous one after). Every decision and table read from the old one is dropped."""
+    global _discovery
+    with lock:
+        _discovery = discovery
+        for listener in _connection_listeners:
+            listener()
+        invalidate()
+
+
+def discovery() -> Discovery:
+    """The connected `Discovery` (a process without plugins until the plugin layer connects one)."""
+    return _discovery
+
+
+def on_connect(listener: Callable[[], None]) -> None:
+    """Call ``listener`` when another `Discovery` is connected (the tuning layer re-reads its tables)."""
+    _connection_listeners.append(listener)
 
 
 def ensure_providers_loaded() -> None:
@@ -102,8 +159,7 @@ def ensure_providers_loaded() -> None:
     While another thread runs discovery this waits for it to finish, so that no thread
     decides anything from a half-loaded set of providers.
     """
-    if _providers_loader is not None:
-        _providers_loader()
+    _discovery.ensure_loaded()
 
 
 class OpNamespace:

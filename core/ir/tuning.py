@@ -47,7 +47,7 @@ import itertools
 import json
 import os
 import platform as _platform
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -149,7 +149,7 @@ class Choice:
 
 @dataclass(frozen=True)
 class Facts:
-    """What discovery tells the tuning layer about this process (installed by `set_source`)."""
+    """What discovery tells the tuning layer about this process (`registry.Discovery.tuning_facts`)."""
 
     platform: str
     #: provider name -> its distribution version ("" when unknown).
@@ -160,9 +160,6 @@ class Facts:
 
 def _no_facts() -> Facts:
     return Facts(platform="cpu")
-
-
-_source: Callable[[], Facts] = _no_facts
 
 
 @dataclass
@@ -181,13 +178,6 @@ class _Layer:
 _layer: _Layer | None = None
 
 
-def set_source(source: Callable[[], Facts] | None) -> None:
-    """Install where the platform, provider versions and shipped tables come from (discovery)."""
-    global _source
-    _source = source or _no_facts
-    reload()
-
-
 def reload() -> None:
     """Forget the loaded tables; the next call that needs them reads them again."""
     global _layer
@@ -199,6 +189,9 @@ def reload() -> None:
             op.decision_cache.set_buckets(None)
         if had:
             registry.invalidate()
+
+
+registry.on_connect(reload)  # another discovery: other platform, versions and shipped tables
 
 
 def layer() -> _Layer:
@@ -215,7 +208,7 @@ def _build() -> _Layer:
     with registry.lock:
         if _layer is not None:
             return _layer
-        facts = _source()
+        facts = (registry.discovery().tuning_facts or _no_facts)()
         here = machine_facts(facts.platform)
         findings: list[Finding] = []
         tables: list[TuningTable] = []

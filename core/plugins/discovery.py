@@ -830,14 +830,22 @@ def tuning_facts() -> Any:
 
 
 def install() -> None:
-    """Wire discovery into the core: lazy loading, the defaults layer and the known provider names."""
-    from vllm_ir.ir import tuning
+    """Connect discovery to the core, once (`vllm_ir.ir.registry.connect_discovery`): lazy loading,
+    the defaults layer, the known provider names, why one is absent, and the tuning facts."""
+    registry.connect_discovery(
+        registry.Discovery(
+            ensure_loaded=ensure_loaded,
+            defaults=merged_defaults,
+            known_names=known_names,
+            absence_reason=absence_reason,
+            tuning_facts=tuning_facts,
+        )
+    )
 
-    registry.set_providers_loader(ensure_loaded)
-    _priority.set_defaults_source(merged_defaults)
-    tuning.set_source(tuning_facts)
-    _priority.set_known_names(lambda: [*_state.records, *_state.withdrawn])
-    _priority.set_absence_source(absence_reason)
+
+def known_names() -> list[str]:
+    """Every provider entry point discovery found, and every provider a withdrawn plugin named."""
+    return [*_state.records, *_state.withdrawn]
 
 
 def absence_reason(provider: str) -> str | None:
