@@ -57,8 +57,6 @@ def test_the_core_learns_from_discovery_only_through_the_connected_discovery(thr
     connecting another drops every decision made from the first, and reconnecting restores it."""
     import torch
 
-    from vllm_ir.ir import registry
-
     x, w = torch.randn(2, 32), torch.randn(32)
     before = op.dispatch(x, w, 1e-6).provider
     answers = {
