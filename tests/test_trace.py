@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -558,3 +559,193 @@ def test_events_past_the_numbered_shape_sets_keep_their_shapes(monkeypatch):
             ops.rms_norm(torch.randn(n, 64), W, 1e-6)
     assert [e["shapes"] for e in t.events] == [[[n, 64], [64]] for n in (1, 2, 3, 4)]
     assert [e["tokens"] for e in t.events] == [1, 2, 3, 4]
+
+
+# -- the compiled recorder against the Python one ----------------------------------------------
+
+needs_compiled_recorder = pytest.mark.skipif(
+    vllm_ir.ir.dispatch.fast_lookup.Recorder is None, reason="vllm_ir.ir.dispatch._fast_lookup is not built"
+)
+
+
+def _content(t: tracing.Trace) -> dict:
+    """What a trace holds, less what differs between two runs of the same calls: times, the
+    process, thread idents; rows, modules and fallbacks sorted (each recorder numbers its own)."""
+    data = t.to_dict()
+    for key in ("started", "ended", "pid"):
+        del data[key]
+    for r in data["rows"]:
+        assert len(r.pop("recent_ns")) == min(r["calls"], tracing.MAX_SAMPLES)
+        del r["total_ns"]
+    threads: dict[int, int] = {}
+    for e in data["events"]:
+        assert e.pop("duration_ns") >= 0
+        del e["start_ns"], e["pid"]
+        e["tid"] = threads.setdefault(e["tid"], len(threads))  # the order threads first appear in
+    for key in ("rows", "modules", "fallbacks"):
+        data[key] = sorted(data[key], key=lambda r: json.dumps(r, sort_keys=True))
+    return data
+
+
+def _both_recorders(monkeypatch, calls, model=None, max_events: int = tracing.MAX_EVENTS):
+    """``calls()`` traced twice: into the compiled recorder, then with it off (the compiled
+    runners hand every call to the Python recorder). Returns both traces."""
+    traces = []
+    for compiled in (True, False):
+        monkeypatch.setattr(tracing, "compiled_recorder", compiled)
+        with warnings.catch_warnings(), vllm_ir.trace(model, max_events=max_events) as t:
+            warnings.simplefilter("ignore")
+            calls()
+        traces.append(t)
+    native, python = traces
+    assert python._recorder is None and native._recorder is not None
+    return native, python
+
+
+def _assert_same(native: tracing.Trace, python: tracing.Trace, *, all_compiled: bool = True) -> None:
+    assert _content(native) == _content(python)
+    header = [re.sub(r"[0-9.]+ ms in kernels", "", t.summary().splitlines()[0]) for t in (native, python)]
+    assert header[0] == header[1]
+    assert native.calls == python.calls > 0
+    if all_compiled:  # the compiled recorder took every call: the comparison above compared it
+        assert native._recorder.calls == native.calls
+
+
+@needs_compiled_recorder
+def test_the_compiled_recorder_records_what_the_python_one_does(monkeypatch, declining):
+    """Rows per token range and dtype, fallbacks with reasons, shapes with None and strides, events in order."""
+
+    def calls():
+        for _ in range(3):
+            ops.rms_norm(X, W, 1e-6)
+        ops.rms_norm(torch.randn(300, 64), W, 1e-6)
+        ops.rms_norm(X.double(), W.double(), 1e-6)  # the declining provider's fallback
+        ops.rms_norm(X.t().contiguous().t(), None, 1e-6)
+        ops.rms_norm(torch.randn(1, 64), W, 1e-6)
+        ops.silu_and_mul(torch.randn(4, 128))
+        ops.rms_norm(torch.randn(64), W, 1e-6)  # 1-D floating: no token count
+
+    native, python = _both_recorders(monkeypatch, calls)
+    _assert_same(native, python)
+    assert any(f["declined"] for f in native.to_dict()["fallbacks"])
+    assert [e["tokens"] for e in native.events] == [8, 8, 8, 300, 8, 8, 1, 4, None]
+
+
+@needs_compiled_recorder
+def test_the_compiled_recorder_agrees_on_in_place_and_autograd_calls(monkeypatch):
+    from tests.compile_models import inplace_fused_add_rms_norm
+
+    ops.fused_add_rms_norm.register_impl("trace_inplace_c", inplace=True)(inplace_fused_add_rms_norm)
+    vllm_ir.set_priority(fused_add_rms_norm=["trace_inplace_c"])
+
+    def calls():
+        x, residual = torch.randn(4, 64), torch.randn(4, 64)
+        ops.fused_add_rms_norm.maybe_inplace(x, residual, W, 1e-6)
+        ops.fused_add_rms_norm(x, residual, W, 1e-6)
+        ops.rms_norm(X.clone().requires_grad_(), W, 1e-6).sum().backward()
+
+    native, python = _both_recorders(monkeypatch, calls)
+    _assert_same(native, python)
+    assert {r["form"] for r in native.table()} == {"in-place", "in-place on copies", "functional"}
+
+
+@needs_compiled_recorder
+def test_the_compiled_recorder_attributes_modules_as_the_python_one_does(monkeypatch):
+    model = _Model()
+
+    def calls():
+        with torch.no_grad():
+            for _ in range(2):
+                model(X)
+            with pytest.raises(RuntimeError):
+                model(torch.randn(8, 63))  # a module that raises
+            ops.rms_norm(X, W, 1e-6)  # outside the model
+
+    native, python = _both_recorders(monkeypatch, calls, model=model)
+    _assert_same(native, python)
+    assert native.by_module()["layers.1.act"] == {"silu_and_mul -> native": 2}
+    assert {e["module"] for e in native.events} >= {"layers.0.norm", tracing.OUTSIDE}
+
+
+@needs_compiled_recorder
+def test_calls_the_compiled_runner_hands_over_merge_into_one_trace(monkeypatch):
+    """A tensor subclass and a full shape table go to the Python recorder; bounded event lists
+    keep the same last calls; both recorders' rows and events merge as one recorder's would."""
+
+    class Sub(torch.Tensor):
+        pass
+
+    monkeypatch.setattr(tracing, "MAX_SHAPE_SETS", 3)
+
+    def calls():
+        for n in (1, 2, 3, 4, 5, 2):  # the shape table holds 3: the 4th and 5th are handed over
+            ops.rms_norm(torch.randn(n, 64), W, 1e-6)
+        ops.rms_norm(X.as_subclass(Sub), W, 1e-6)
+        ops.rms_norm(X, W, 1e-6)
+
+    native, python = _both_recorders(monkeypatch, calls)
+    _assert_same(native, python, all_compiled=False)
+    assert 0 < native._recorder.calls < native.calls  # both recorders took calls
+    assert [e["tokens"] for e in native.events] == [1, 2, 3, 4, 5, 2, 8, 8]
+    native, python = _both_recorders(monkeypatch, calls, max_events=3)
+    _assert_same(native, python, all_compiled=False)
+    assert [e["tokens"] for e in native.events] == [2, 8, 8]
+    assert "the last 3 kept one by one" in native.summary()
+
+
+@needs_compiled_recorder
+def test_the_compiled_recorder_agrees_with_threads_sharing_one_trace_and_with_their_own(monkeypatch):
+    import contextvars
+
+    def shared(compiled: bool) -> tracing.Trace:
+        monkeypatch.setattr(tracing, "compiled_recorder", compiled)
+        t = vllm_ir.trace()
+        context = contextvars.copy_context()
+        context.run(t.__enter__)
+
+        def work(k: int) -> None:
+            for i in range(200):
+                ops.rms_norm(torch.empty(k + 1 + i % 2, 64), W, 1e-6)
+
+        threads = [threading.Thread(target=context.copy().run, args=(work, k)) for k in (0, 2, 4)]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        finally:
+            sys.setswitchinterval(interval)
+        context.run(t.close)
+        return t
+
+    native, python = shared(True), shared(False)
+    assert native._recorder.calls == native.calls == python.calls == 600
+    a, b = _content(native), _content(python)
+    assert a["rows"] == b["rows"]
+    # Threads interleave differently in each run; each thread's own calls keep their order.
+    for data in (a, b):
+        by_thread: dict[int, list[int]] = {}
+        for e in data.pop("events"):
+            by_thread.setdefault(e["tid"], []).append(e["tokens"])
+        assert sorted(by_thread.values()) == [[k + 1 + i % 2 for i in range(200)] for k in (0, 2, 4)]
+    assert a == b
+
+    own: dict[tuple[bool, int], tracing.Trace] = {}
+
+    def work(compiled: bool, n: int) -> None:
+        with vllm_ir.trace() as t:
+            for _ in range(n):
+                ops.rms_norm(torch.randn(n, 64), W, 1e-6)
+        own[(compiled, n)] = t
+
+    for compiled in (True, False):
+        monkeypatch.setattr(tracing, "compiled_recorder", compiled)
+        threads = [threading.Thread(target=work, args=(compiled, n)) for n in (3, 5)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    for n in (3, 5):
+        _assert_same(own[(True, n)], own[(False, n)])

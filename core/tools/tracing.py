@@ -16,11 +16,18 @@ served from Inductor's cache. ``VLLM_IR_TRACE=1`` traces a whole process and pri
 summary at exit (``vllm-ir trace -- CMD`` runs a command so). Memory is bounded: counts and
 totals cover every call; medians the last `MAX_SAMPLES` calls of each row; the event list (for
 the Chrome trace) the last ``max_events`` calls.
+
+Two recorders fill a trace. With the compiled extension most calls are recorded in C, by the
+traced runner itself, into the trace's `fast_lookup.Recorder` (``_recorder``); `Trace.record`
+is the Python reference, and records the calls the C runner hands over (no extension, tensor
+subclasses, CUDA events, a profiler). Every reader merges both: rows by key, events by start
+time (both recorders read the same monotonic clock).
 """
 
 from __future__ import annotations
 
 import atexit
+import heapq
 import json
 import os
 import sys
@@ -35,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_ir.errors import VllmIrError
 from vllm_ir.ir import priority as _priority
-from vllm_ir.ir.dispatch import observe
+from vllm_ir.ir.dispatch import fast_lookup, observe
 from vllm_ir.ir.dispatch.observe import decode_shapes
 from vllm_ir.settings import env
 
@@ -55,6 +62,9 @@ MAX_PENDING_EVENTS = 8192
 MAX_SHAPE_SETS = 1 << 16
 #: Module path of calls made outside every module of the traced model.
 OUTSIDE = "(outside the model)"
+#: Give new traces a compiled recorder where the extension has one (tests turn it off to
+#: compare the two recorders: compiled runners then hand every call to the Python one).
+compiled_recorder = True
 
 
 class TraceExportError(VllmIrError, OSError):
@@ -142,6 +152,10 @@ class Trace:
         self._records_before: dict[int, set[int]] = {}
         #: Events of other processes' traces (`merge`), as JSON.
         self._imported_events: list[dict[str, Any]] = []
+        #: What the compiled traced runners record (`observe`), or None: every call comes to `record`.
+        self._recorder: Any = None
+        if compiled_recorder and fast_lookup.Recorder is not None:
+            self._recorder = fast_lookup.Recorder(max_events, MAX_SAMPLES, MAX_SHAPE_SETS, OUTSIDE)
 
     # -- recording ------------------------------------------------------------------------
 
@@ -198,8 +212,20 @@ class Trace:
         return self._merged_calls + sum(row.calls for row in self._raw_rows())
 
     def _raw_rows(self) -> list[_Row]:
+        """The rows of both recorders (a key recorded by both has a row in each)."""
         with self._lock:
-            return list(self._row_list)
+            rows = list(self._row_list)
+        return rows + [row for row, _ in self._compiled_rows()]
+
+    def _compiled_rows(self) -> list[tuple[_Row, tuple[Any, ...]]]:
+        """The compiled recorder's rows, with their keys, in its numbering."""
+        if self._recorder is None:
+            return []
+        out = []
+        for site, dtype, bits, calls, total_ns, samples in self._recorder.rows():
+            key = (site, dtype, bits)
+            out.append((_Row(calls, total_ns, deque(samples, maxlen=MAX_SAMPLES), key=key), key))
+        return out
 
     def _intern(self, shapes: bytes) -> int | bytes:
         """The number of a new shape set, or (past `MAX_SHAPE_SETS`) the shapes themselves."""
@@ -219,13 +245,26 @@ class Trace:
         with self._lock:
             self._resolve()
             recorded = list(self._events)
-        return [self._event_json(e) for e in recorded]
+            rows, shape_list = self._row_list, self._shape_list
+            python = [
+                (start, duration, rows[row].key, shape_list[shapes] if type(shapes) is int else shapes, *rest)
+                for start, duration, row, shapes, *rest in recorded
+            ]
+        compiled: list[tuple[Any, ...]] = []
+        if self._recorder is not None:
+            keys = [key for _, key in self._compiled_rows()]
+            compiled = [(start, d, keys[row], *rest) for start, d, row, *rest in self._recorder.events()]
+        merged = list(heapq.merge(python, compiled, key=lambda e: e[0])) if compiled else python
+        return [self._event_json(e) for e in merged[max(0, len(merged) - self.max_events) :]]
+
+    def _kept(self) -> int:
+        """How many calls are kept one by one."""
+        compiled = 0 if self._recorder is None else self._recorder.kept
+        return min(self.max_events, len(self._events) + compiled)
 
     def _event_json(self, e: tuple[Any, ...]) -> dict[str, Any]:
-        start, duration, row, shapes, tokens, module, thread = e
-        site, dtype, _bits = self._row_list[row].key
-        if type(shapes) is int:
-            shapes = self._shape_list[shapes]
+        start, duration, key, shapes, tokens, module, thread = e
+        site, dtype, _bits = key
         return {
             "start_ns": start,
             "duration_ns": duration if type(duration) is int else _cuda_ns(duration),
@@ -274,6 +313,9 @@ class Trace:
             shards = list(self._shards.values())
         for shard in shards:
             for (module, site), n in dict(shard.modules).items():
+                out[(module, site.op.name, site.provider, site.form)] += n
+        if self._recorder is not None:
+            for module, site, n in self._recorder.modules():
                 out[(module, site.op.name, site.provider, site.form)] += n
         return out
 
@@ -324,6 +366,8 @@ class Trace:
 
         stacks: dict[int, list[str]] = {}
         self._stacks = stacks
+        if self._recorder is not None:
+            self._recorder.set_stacks(stacks)
 
         # Under compile the hooks do nothing (Dynamo folds the test away): a compiled graph's
         # modules come from its nodes' nn_module_stack, and a hook Dynamo cannot trace would split it.
@@ -447,7 +491,7 @@ class Trace:
 
     def _header(self) -> str:
         ms = self.traced_ns / 1e6
-        kept = f"; the last {len(self._events)} kept one by one" if len(self._events) < self.calls else ""
+        kept = f"; the last {self._kept()} kept one by one" if self._kept() < self.calls else ""
         ref = f"; REFERENCE MODE ({self.reference})" if self.reference else ""
         return f"vllm-ir trace: {self.calls} eager calls, {ms:.3f} ms in kernels{kept}{ref}"
 

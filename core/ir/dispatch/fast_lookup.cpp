@@ -25,7 +25,9 @@
 // vllm_ir.ir.dispatch.donation for the Python reference it must agree with); call_facts() what the
 // trace records of a call (vllm_ir.ir.dispatch.observe).
 
+#define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/GradMode.h>
@@ -35,11 +37,14 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <algorithm>
+#include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 
 #ifndef VLLM_IR_BUILT_FOR_TORCH
 #error "setup.py passes the torch version this module is compiled against"
@@ -515,30 +520,34 @@ PyObject* donation_conflict(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   Py_RETURN_NONE;
 }
 
-// call_facts(args, tensor_indices, token_indices, first) -> (dtype, is_cuda, shapes, tokens), or
-// None when Python must read them (vllm_ir.ir.dispatch.observe.python_call_facts is the reference this
-// must agree with). `dtype`, `is_cuda`: of args[first] (None, False when `first` is None).
-// `shapes`: the bytes of int64 values, per tensor parameter in `tensor_indices`, -1 for None,
-// else its number of dimensions and then its sizes. `tokens`: the leading dimension of the first
-// tensor in `token_indices` that has a token dimension (cache_key.has_token_dim), or None.
-// The trace reads these on every call: each tensor attribute read from Python costs about as
-// much as this whole call, and bytes are one allocation the garbage collector never tracks.
-PyObject* call_facts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyTuple_CheckExact(args[2])) {
-    PyErr_SetString(PyExc_TypeError, "call_facts(args, tensor_indices, token_indices, first): three tuples and an index");
-    return nullptr;
-  }
-  PyObject* call = args[0];
-  const Py_ssize_t n_call = PyTuple_GET_SIZE(call);
-  // An exact, strided tensor at position `index` of the call, or nullptr (`none`: the argument
-  // is None; otherwise Python must look).
-  auto tensor_at = [&](PyObject* index, bool* none) -> const at::Tensor* {
-    const Py_ssize_t i = PyLong_AsSsize_t(index);
+// -- what the trace records of a call -----------------------------------------------------
+
+//: Tensor parameters an op may have for the compiled fact reader (the key's mask holds 64).
+constexpr Py_ssize_t kMaxTensorParams = 64;
+
+// The facts a trace records of a call, read before the kernel runs (see call_facts).
+struct Facts {
+  PyObject* dtype;  // borrowed: torch's dtype objects live as long as torch
+  bool cuda;
+  int64_t tokens;  // -1: no token count
+  Py_ssize_t n;    // values used
+  int64_t values[kMaxTensorParams * (1 + kMaxDims)];
+};
+
+// Reads the facts of `call` (positional arguments) into `out`: the tensors at `tensors`, the
+// token count of the first of `tokens` that has a token dimension, the dtype of `first` (-1:
+// none). False when Python must read them: an index out of range, an argument that is neither
+// None nor an exact strided tensor, a tensor whose sizes throw. Never sets a Python error.
+bool read_facts(PyObject* const* call, Py_ssize_t n_call, const Py_ssize_t* tensors, Py_ssize_t n_tensors,
+                const Py_ssize_t* tokens, Py_ssize_t n_tokens, Py_ssize_t first, Facts* out) noexcept {
+  // An exact, strided tensor at position `i` of the call, or nullptr (`none`: the argument is
+  // None; otherwise Python must look).
+  auto tensor_at = [&](Py_ssize_t i, bool* none) -> const at::Tensor* {
     *none = false;
     if (i < 0 || i >= n_call) {
       return nullptr;
     }
-    PyObject* arg = PyTuple_GET_ITEM(call, i);
+    PyObject* arg = call[i];
     if (arg == Py_None) {
       *none = true;
       return nullptr;
@@ -549,81 +558,801 @@ PyObject* call_facts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const at::Tensor& t = THPVariable_Unpack(arg);
     return t.layout() == c10::kStrided && t.dim() <= kMaxDims ? &t : nullptr;
   };
-  int64_t values[64 * (1 + kMaxDims)];
-  Py_ssize_t n = 0;
+  if (n_tensors > kMaxTensorParams) {
+    return false;
+  }
   try {
     bool none = false;
-    PyObject* dtype = Py_None;
-    PyObject* is_cuda = Py_False;
-    if (args[3] != Py_None) {
-      const at::Tensor* t = tensor_at(args[3], &none);
+    out->dtype = Py_None;
+    out->cuda = false;
+    if (first >= 0) {
+      const at::Tensor* t = tensor_at(first, &none);
       if (t != nullptr) {
-        dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t->scalar_type()));
-        is_cuda = t->is_cuda() ? Py_True : Py_False;
+        out->dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t->scalar_type()));
+        out->cuda = t->is_cuda();
       } else if (!none) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
+        return false;
       }
     }
-    const Py_ssize_t n_tensors = PyTuple_GET_SIZE(args[1]);
-    if (n_tensors > 64) {
-      Py_RETURN_NONE;
-    }
+    Py_ssize_t n = 0;
     for (Py_ssize_t k = 0; k < n_tensors; ++k) {
-      const at::Tensor* t = tensor_at(PyTuple_GET_ITEM(args[1], k), &none);
+      const at::Tensor* t = tensor_at(tensors[k], &none);
       if (t == nullptr) {
         if (!none) {
-          PyErr_Clear();
-          Py_RETURN_NONE;
+          return false;
         }
-        values[n++] = -1;
+        out->values[n++] = -1;
         continue;
       }
-      values[n++] = t->dim();
+      out->values[n++] = t->dim();
       for (const int64_t size : t->sizes()) {
-        values[n++] = size;
+        out->values[n++] = size;
       }
     }
-    int64_t tokens = -1;
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args[2]) && tokens < 0; ++k) {
-      const at::Tensor* t = tensor_at(PyTuple_GET_ITEM(args[2], k), &none);
+    out->n = n;
+    out->tokens = -1;
+    for (Py_ssize_t k = 0; k < n_tokens && out->tokens < 0; ++k) {
+      const at::Tensor* t = tensor_at(tokens[k], &none);
       if (t == nullptr) {
         if (!none) {
-          PyErr_Clear();
-          Py_RETURN_NONE;
+          return false;
         }
         continue;
       }
       const int64_t dim = t->dim();
       if (dim >= 2 || (dim == 1 && c10::isIntegralType(t->scalar_type(), /*includeBool=*/true))) {
-        tokens = t->sizes()[0];
+        out->tokens = t->sizes()[0];
       }
     }
-    PyObject* shapes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values), n * sizeof(int64_t));
-    if (shapes == nullptr) {
-      return nullptr;
-    }
-    PyObject* count = tokens < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(tokens);
-    if (count == nullptr) {
-      Py_DECREF(shapes);
-      return nullptr;
-    }
-    PyObject* out = PyTuple_New(4);
-    if (out == nullptr) {
-      Py_DECREF(shapes);
-      Py_DECREF(count);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(out, 0, Py_NewRef(dtype));
-    PyTuple_SET_ITEM(out, 1, Py_NewRef(is_cuda));
-    PyTuple_SET_ITEM(out, 2, shapes);
-    PyTuple_SET_ITEM(out, 3, count);
-    return out;
+    return true;
   } catch (...) {  // a tensor whose sizes throw (symbolic, functorch wrappers): Python looks
-    PyErr_Clear();
-    Py_RETURN_NONE;
+    return false;
   }
 }
+
+// The indices of a tuple of ints into `out` (at most `max`); false (no error set) when one is
+// not a non-negative int or there are too many.
+bool parse_indices(PyObject* tuple, Py_ssize_t* out, Py_ssize_t max, Py_ssize_t* n) {
+  *n = PyTuple_GET_SIZE(tuple);
+  if (*n > max) {
+    return false;
+  }
+  for (Py_ssize_t k = 0; k < *n; ++k) {
+    out[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(tuple, k));
+    if (out[k] < 0) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+// call_facts(args, tensor_indices, token_indices, first) -> (dtype, is_cuda, shapes, tokens), or
+// None when Python must read them (vllm_ir.ir.dispatch.observe.python_call_facts is the reference this
+// must agree with). `dtype`, `is_cuda`: of args[first] (None, False when `first` is None).
+// `shapes`: the bytes of int64 values, per tensor parameter in `tensor_indices`, -1 for None,
+// else its number of dimensions and then its sizes. `tokens`: the leading dimension of the first
+// tensor in `token_indices` that has a token dimension (cache_key.has_token_dim), or None.
+// Each tensor attribute read from Python costs about as much as this whole call, and bytes are
+// one allocation the garbage collector never tracks. (The traced runner reads the same facts
+// without building this tuple: TracedRunner.)
+PyObject* call_facts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyTuple_CheckExact(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "call_facts(args, tensor_indices, token_indices, first): three tuples and an index");
+    return nullptr;
+  }
+  Py_ssize_t tensors[kMaxTensorParams], tokens[kMaxTensorParams], n_tensors, n_tokens;
+  Py_ssize_t first = -1;
+  if (args[3] != Py_None) {
+    first = PyLong_AsSsize_t(args[3]);
+    if (first < 0) {
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+  }
+  if (!parse_indices(args[1], tensors, kMaxTensorParams, &n_tensors) ||
+      !parse_indices(args[2], tokens, kMaxTensorParams, &n_tokens)) {
+    Py_RETURN_NONE;
+  }
+  Facts facts;
+  if (!read_facts(&PyTuple_GET_ITEM(args[0], 0), PyTuple_GET_SIZE(args[0]), tensors, n_tensors, tokens, n_tokens,
+                  first, &facts)) {
+    Py_RETURN_NONE;
+  }
+  PyObject* shapes =
+      PyBytes_FromStringAndSize(reinterpret_cast<const char*>(facts.values), facts.n * sizeof(int64_t));
+  if (shapes == nullptr) {
+    return nullptr;
+  }
+  PyObject* count = facts.tokens < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(facts.tokens);
+  if (count == nullptr) {
+    Py_DECREF(shapes);
+    return nullptr;
+  }
+  PyObject* out = PyTuple_New(4);
+  if (out == nullptr) {
+    Py_DECREF(shapes);
+    Py_DECREF(count);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(out, 0, Py_NewRef(facts.dtype));
+  PyTuple_SET_ITEM(out, 1, Py_NewRef(facts.cuda ? Py_True : Py_False));
+  PyTuple_SET_ITEM(out, 2, shapes);
+  PyTuple_SET_ITEM(out, 3, count);
+  return out;
+}
+
+// -- the compiled recorder ----------------------------------------------------------------
+//
+// A `Recorder` holds what a trace (vllm_ir.tools.tracing.Trace) records of the calls a
+// `TracedRunner` times: rows (call site, dtype, token-count bit length) with their count, total
+// and the ring of their last `max_samples` durations; calls per (module path, call site); the
+// ring of the last `max_events` calls. It mirrors Trace.record, the Python reference that keeps
+// running wherever the runner hands over (no extension, tensor subclasses, CUDA events, a
+// profiler, a sink that is no Trace); the trace merges both when it is read. One recorder takes
+// calls from every thread: an update runs no Python code, so the GIL makes it atomic (the
+// Python recorder shards per thread to the same end).
+
+int64_t monotonic_ns() {
+  // The clock of time.perf_counter_ns on Linux, so events of both recorders order together.
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+struct Row {
+  PyObject* site;   // strong
+  PyObject* dtype;  // strong
+  int bits;
+  int64_t calls = 0;
+  int64_t total_ns = 0;
+  std::vector<int64_t> samples;  // a ring once full: `next` is the oldest
+  size_t next = 0;
+};
+
+struct Event {
+  int64_t start_ns;
+  int64_t duration_ns;
+  int64_t tokens;  // -1: None
+  int32_t row;
+  int32_t shape;
+  PyObject* module;  // borrowed: `outside` or a module the recorder's module counts hold
+  unsigned long thread;
+};
+
+struct RowKey {
+  PyObject* site;
+  PyObject* dtype;
+  int bits;
+  bool operator==(const RowKey& o) const { return site == o.site && dtype == o.dtype && bits == o.bits; }
+};
+
+struct RowKeyHash {
+  size_t operator()(const RowKey& k) const {
+    return std::hash<void*>()(k.site) ^ (std::hash<void*>()(k.dtype) * 31) ^ (static_cast<size_t>(k.bits) << 7);
+  }
+};
+
+struct PairHash {
+  size_t operator()(const std::pair<PyObject*, PyObject*>& k) const {
+    return std::hash<void*>()(k.first) ^ (std::hash<void*>()(k.second) * 31);
+  }
+};
+
+struct RecorderState {
+  size_t max_events;
+  size_t max_samples;
+  size_t max_shapes;
+  uint64_t serial;  // unique per recorder: runners remember rows and shapes per recorder
+  std::vector<Row> rows;
+  std::unordered_map<RowKey, int32_t, RowKeyHash> row_index;
+  std::vector<std::string> shapes;  // int64 values, as call_facts' bytes
+  std::unordered_map<std::string, int32_t> shape_index;
+  std::vector<Event> events;  // a ring once full: `next_event` is the oldest
+  size_t next_event = 0;
+  // (module path, call site) -> calls; both strong.
+  std::unordered_map<std::pair<PyObject*, PyObject*>, int64_t, PairHash> modules;
+};
+
+uint64_t recorder_serials = 0;
+
+struct Recorder {
+  PyObject_HEAD
+  RecorderState* state;
+  PyObject* stacks;   // dict: thread -> the module paths entered, or NULL (calls are not attributed)
+  PyObject* outside;  // the module path of calls outside every module
+};
+
+PyTypeObject RecorderType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// The number of these shapes (interned on first sight), or -1 when the table is full.
+int32_t intern_shapes(RecorderState* s, const int64_t* values, Py_ssize_t n) {
+  std::string key(reinterpret_cast<const char*>(values), n * sizeof(int64_t));
+  auto found = s->shape_index.find(key);
+  if (found != s->shape_index.end()) {
+    return found->second;
+  }
+  if (s->shapes.size() >= s->max_shapes) {
+    return -1;
+  }
+  const auto id = static_cast<int32_t>(s->shapes.size());
+  s->shapes.push_back(key);
+  s->shape_index.emplace(std::move(key), id);
+  return id;
+}
+
+int32_t find_row(RecorderState* s, PyObject* site, PyObject* dtype, int bits) {
+  const RowKey key{site, dtype, bits};
+  auto found = s->row_index.find(key);
+  if (found != s->row_index.end()) {
+    return found->second;
+  }
+  const auto index = static_cast<int32_t>(s->rows.size());
+  Row row;
+  row.site = Py_NewRef(site);
+  row.dtype = Py_NewRef(dtype);
+  row.bits = bits;
+  s->rows.push_back(std::move(row));
+  s->row_index.emplace(key, index);
+  return index;
+}
+
+template <typename T>
+void ring_push(std::vector<T>& ring, size_t* next, size_t capacity, const T& value) {
+  if (ring.size() < capacity) {
+    ring.push_back(value);
+    return;
+  }
+  ring[*next] = value;
+  *next = (*next + 1) % capacity;
+}
+
+// The ring's items, oldest first.
+template <typename T>
+std::vector<T> ring_items(const std::vector<T>& ring, size_t next) {
+  std::vector<T> out(ring.begin() + static_cast<std::ptrdiff_t>(next), ring.end());
+  out.insert(out.end(), ring.begin(), ring.begin() + static_cast<std::ptrdiff_t>(next));
+  return out;
+}
+
+int Recorder_init(PyObject* op, PyObject* args, PyObject* kwargs) {
+  auto* self = reinterpret_cast<Recorder*>(op);
+  static const char* names[] = {"max_events", "max_samples", "max_shape_sets", "outside", nullptr};
+  Py_ssize_t max_events, max_samples, max_shapes;
+  PyObject* outside;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nnnU", const_cast<char**>(names), &max_events, &max_samples,
+                                   &max_shapes, &outside)) {
+    return -1;
+  }
+  if (max_events < 0 || max_samples < 1 || max_shapes < 0 || max_shapes > INT32_MAX) {
+    PyErr_SetString(PyExc_ValueError, "Recorder: max_events >= 0, max_samples >= 1, 0 <= max_shape_sets < 2**31");
+    return -1;
+  }
+  if (self->state != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Recorder: already initialized");
+    return -1;
+  }
+  try {
+    self->state = new RecorderState();
+  } catch (...) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  self->state->max_events = static_cast<size_t>(max_events);
+  self->state->max_samples = static_cast<size_t>(max_samples);
+  self->state->max_shapes = static_cast<size_t>(max_shapes);
+  self->state->serial = ++recorder_serials;
+  Py_XSETREF(self->outside, Py_NewRef(outside));
+  return 0;
+}
+
+int Recorder_traverse(PyObject* op, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<Recorder*>(op);
+  Py_VISIT(self->stacks);
+  Py_VISIT(self->outside);
+  if (self->state != nullptr) {
+    for (const Row& row : self->state->rows) {
+      Py_VISIT(row.site);
+      Py_VISIT(row.dtype);
+    }
+    for (const auto& [key, n] : self->state->modules) {
+      Py_VISIT(key.first);
+      Py_VISIT(key.second);
+    }
+  }
+  return 0;
+}
+
+int Recorder_clear(PyObject* op) {
+  auto* self = reinterpret_cast<Recorder*>(op);
+  RecorderState* state = self->state;
+  self->state = nullptr;  // before any reference is released: a finalizer may record again
+  Py_CLEAR(self->stacks);
+  if (state != nullptr) {
+    for (const Row& row : state->rows) {
+      Py_DECREF(row.site);
+      Py_DECREF(row.dtype);
+    }
+    for (const auto& [key, n] : state->modules) {
+      Py_DECREF(key.first);
+      Py_DECREF(key.second);
+    }
+    delete state;
+  }
+  Py_CLEAR(self->outside);  // last: events name it
+  return 0;
+}
+
+void Recorder_dealloc(PyObject* op) {
+  PyObject_GC_UnTrack(op);
+  Recorder_clear(op);
+  Py_TYPE(op)->tp_free(op);
+}
+
+RecorderState* recorder_state(PyObject* op) {
+  auto* state = reinterpret_cast<Recorder*>(op)->state;
+  if (state == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Recorder: not initialized (or cleared)");
+  }
+  return state;
+}
+
+// set_stacks(stacks): attribute calls to the last module path in stacks[thread] (a dict of
+// lists, `Trace._install_hooks`), or not (None).
+PyObject* Recorder_set_stacks(PyObject* op, PyObject* stacks) {
+  auto* self = reinterpret_cast<Recorder*>(op);
+  if (stacks != Py_None && !PyDict_CheckExact(stacks)) {
+    PyErr_SetString(PyExc_TypeError, "Recorder.set_stacks(): expected a dict or None");
+    return nullptr;
+  }
+  Py_XSETREF(self->stacks, stacks == Py_None ? nullptr : Py_NewRef(stacks));
+  Py_RETURN_NONE;
+}
+
+// The copies below are taken before any Python object is made: making one may collect garbage,
+// whose finalizers may record calls (and move the vectors) meanwhile.
+
+// rows() -> [(site, dtype, bits, calls, total_ns, [recent durations, oldest first])], in order of creation.
+PyObject* Recorder_rows(PyObject* op, PyObject*) {
+  RecorderState* s = recorder_state(op);
+  if (s == nullptr) {
+    return nullptr;
+  }
+  struct Copy {
+    PyObject* site;
+    PyObject* dtype;
+    int bits;
+    int64_t calls, total_ns;
+    std::vector<int64_t> samples;
+  };
+  std::vector<Copy> rows;
+  try {
+    for (const Row& row : s->rows) {
+      rows.push_back({row.site, row.dtype, row.bits, row.calls, row.total_ns, ring_items(row.samples, row.next)});
+    }
+  } catch (...) {
+    return PyErr_NoMemory();
+  }
+  for (const Copy& row : rows) {  // held by the list below once built; hold them meanwhile
+    Py_INCREF(row.site);
+    Py_INCREF(row.dtype);
+  }
+  PyObject* out = PyList_New(0);
+  for (size_t i = 0; i < rows.size() && out != nullptr; ++i) {
+    const Copy& row = rows[i];
+    PyObject* samples = PyList_New(static_cast<Py_ssize_t>(row.samples.size()));
+    for (size_t k = 0; samples != nullptr && k < row.samples.size(); ++k) {
+      PyObject* v = PyLong_FromLongLong(row.samples[k]);
+      if (v == nullptr) {
+        Py_CLEAR(samples);
+        break;
+      }
+      PyList_SET_ITEM(samples, static_cast<Py_ssize_t>(k), v);
+    }
+    PyObject* item = samples == nullptr ? nullptr
+                                        : Py_BuildValue("(OOiLLN)", row.site, row.dtype, row.bits,
+                                                        static_cast<long long>(row.calls),
+                                                        static_cast<long long>(row.total_ns), samples);
+    if (item == nullptr || PyList_Append(out, item) < 0) {
+      Py_XDECREF(item);
+      Py_CLEAR(out);
+      break;
+    }
+    Py_DECREF(item);
+  }
+  for (const Copy& row : rows) {
+    Py_DECREF(row.site);
+    Py_DECREF(row.dtype);
+  }
+  return out;
+}
+
+// modules() -> [(module path, site, calls)].
+PyObject* Recorder_modules(PyObject* op, PyObject*) {
+  RecorderState* s = recorder_state(op);
+  if (s == nullptr) {
+    return nullptr;
+  }
+  std::vector<std::pair<std::pair<PyObject*, PyObject*>, int64_t>> copy;
+  try {
+    copy.assign(s->modules.begin(), s->modules.end());
+  } catch (...) {
+    return PyErr_NoMemory();
+  }
+  for (const auto& [key, n] : copy) {
+    Py_INCREF(key.first);
+    Py_INCREF(key.second);
+  }
+  PyObject* out = PyList_New(0);
+  for (const auto& [key, n] : copy) {
+    PyObject* item = Py_BuildValue("(OOL)", key.first, key.second, static_cast<long long>(n));
+    if (item == nullptr || PyList_Append(out, item) < 0) {
+      Py_XDECREF(item);
+      Py_CLEAR(out);
+      break;
+    }
+    Py_DECREF(item);
+  }
+  for (const auto& [key, n] : copy) {
+    Py_DECREF(key.first);
+    Py_DECREF(key.second);
+  }
+  return out;
+}
+
+// events() -> [(start_ns, duration_ns, row number, shapes bytes, tokens, module path, thread)], oldest first.
+PyObject* Recorder_events(PyObject* op, PyObject*) {
+  auto* self = reinterpret_cast<Recorder*>(op);
+  RecorderState* s = recorder_state(op);
+  if (s == nullptr) {
+    return nullptr;
+  }
+  std::vector<Event> events;
+  std::vector<std::string> shapes;
+  try {
+    events = ring_items(s->events, s->next_event);
+    shapes = s->shapes;
+  } catch (...) {
+    return PyErr_NoMemory();
+  }
+  // Event modules are borrowed from the module counts or `outside`, which only grow until the
+  // recorder is cleared: hold them while Python objects are made.
+  std::vector<PyObject*> held;
+  for (const Event& e : events) {
+    held.push_back(Py_NewRef(e.module));
+  }
+  PyObject* out = PyList_New(0);
+  for (const Event& e : events) {
+    if (out == nullptr) {
+      break;
+    }
+    const std::string& shape = shapes[static_cast<size_t>(e.shape)];
+    PyObject* tokens = e.tokens < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(e.tokens);
+    PyObject* item =
+        tokens == nullptr
+            ? nullptr
+            : Py_BuildValue("(LLiy#NOk)", static_cast<long long>(e.start_ns), static_cast<long long>(e.duration_ns),
+                            e.row, shape.data(), static_cast<Py_ssize_t>(shape.size()), tokens, e.module, e.thread);
+    if (item == nullptr || PyList_Append(out, item) < 0) {
+      Py_XDECREF(item);
+      Py_CLEAR(out);
+    } else {
+      Py_DECREF(item);
+    }
+  }
+  for (PyObject* m : held) {
+    Py_DECREF(m);
+  }
+  (void)self;
+  return out;
+}
+
+// calls: every call recorded here (counts are not bounded by max_events).
+PyObject* Recorder_get_calls(PyObject* op, void*) {
+  RecorderState* s = recorder_state(op);
+  if (s == nullptr) {
+    return nullptr;
+  }
+  int64_t n = 0;
+  for (const Row& row : s->rows) {
+    n += row.calls;
+  }
+  return PyLong_FromLongLong(n);
+}
+
+// kept: the calls kept one by one (at most max_events).
+PyObject* Recorder_get_kept(PyObject* op, void*) {
+  RecorderState* s = recorder_state(op);
+  return s == nullptr ? nullptr : PyLong_FromSize_t(s->events.size());
+}
+
+// -- the traced runner ----------------------------------------------------------------------
+//
+// TracedRunner(decision, attr, site, tensor_indices, token_indices, first, active, process_sink,
+// profiler_globals, fallback): the hot part of vllm_ir.ir.dispatch.observe's traced runner in one
+// C call. Per call: the sink (the `active` context variable, else process_sink[0]); with none,
+// the kernel alone. Else its recorder (`sink._recorder`, a Recorder), the call's facts, the
+// kernel timed by the monotonic clock, and the recorder updated. Everything it cannot do as the
+// Python runner would goes to `fallback` (that runner) before the kernel runs: a sink without a
+// recorder, a profiler (the flag torch.autograd.profiler._is_profiler_enabled, or this thread's
+// profiler state), facts Python must read (subclasses, other layouts), a CUDA tensor (timed by
+// events), a full shape table, keyword arguments.
+
+PyObject* recorder_attr = nullptr;      // interned "_recorder"
+PyObject* profiler_flag_name = nullptr;  // interned "_is_profiler_enabled"
+
+struct TracedRunner {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* decision;
+  PyObject* attr;  // "functional" / "maybe_inplace": read per call (the decision may swap its runners)
+  PyObject* site;
+  PyObject* active;            // contextvars.ContextVar
+  PyObject* process_sink;      // list of one item
+  PyObject* profiler_globals;  // torch.autograd.profiler's module dict
+  PyObject* fallback;          // the Python runner
+  Py_ssize_t n_tensors, n_tokens, first;
+  Py_ssize_t tensors[kMaxTensorParams];
+  Py_ssize_t tokens[kMaxTensorParams];
+  // What the last call recorded into which recorder (by serial): its row and shapes.
+  uint64_t memo_serial;
+  PyObject* memo_dtype;  // borrowed, compared by identity only
+  int memo_bits;
+  int32_t memo_row;
+  int32_t memo_shape;
+  Py_ssize_t memo_n;
+  int64_t* memo_values;  // kMaxTensorParams * (1 + kMaxDims) values, or NULL
+};
+
+PyObject* run_kernel(TracedRunner* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  PyObject* kernel = PyObject_GetAttr(self->decision, self->attr);
+  if (kernel == nullptr) {
+    return nullptr;
+  }
+  PyObject* out = PyObject_Vectorcall(kernel, args, nargsf, kwnames);
+  Py_DECREF(kernel);
+  return out;
+}
+
+PyObject* TracedRunner_call(PyObject* op, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<TracedRunner*>(op);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* sink = nullptr;
+  if (PyContextVar_Get(self->active, Py_None, &sink) < 0) {
+    return nullptr;
+  }
+  if (sink == Py_None) {
+    Py_DECREF(sink);
+    sink = PyList_GET_SIZE(self->process_sink) > 0 ? Py_NewRef(PyList_GET_ITEM(self->process_sink, 0)) : nullptr;
+    if (sink == Py_None) {
+      Py_CLEAR(sink);
+    }
+  }
+  if (sink == nullptr) {  // the block ended in another task that shares this scope
+    return run_kernel(self, args, nargsf, kwnames);
+  }
+  PyObject* recorder = PyObject_GetAttr(sink, recorder_attr);
+  Py_DECREF(sink);  // the recorder is held; the trace holds nothing the call needs
+  if (recorder == nullptr) {
+    PyErr_Clear();
+  }
+  RecorderState* s = recorder != nullptr && Py_TYPE(recorder) == &RecorderType
+                         ? reinterpret_cast<Recorder*>(recorder)->state
+                         : nullptr;
+  PyObject* profiling = PyDict_GetItemWithError(self->profiler_globals, profiler_flag_name);
+  Facts facts;
+  bool mine = s != nullptr && kwnames == nullptr && profiling == Py_False &&
+              c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr &&
+              read_facts(args, nargs, self->tensors, self->n_tensors, self->tokens, self->n_tokens, self->first,
+                         &facts) &&
+              !facts.cuda;
+  int32_t shape = -1;
+  if (mine && s->max_events > 0) {
+    if (self->memo_serial == s->serial && self->memo_values != nullptr && self->memo_n == facts.n &&
+        std::memcmp(self->memo_values, facts.values, facts.n * sizeof(int64_t)) == 0) {
+      shape = self->memo_shape;
+    } else {
+      try {
+        shape = intern_shapes(s, facts.values, facts.n);
+      } catch (...) {
+        shape = -1;
+      }
+      mine = shape >= 0;  // the table is full: Python's recorder keeps the shapes themselves
+    }
+  }
+  if (!mine) {
+    PyErr_Clear();  // the profiler flag's lookup, at worst
+    Py_XDECREF(recorder);
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+  }
+  const int64_t start = monotonic_ns();
+  PyObject* out = run_kernel(self, args, nargsf, kwnames);
+  const int64_t duration = monotonic_ns() - start;
+  if (out == nullptr) {
+    Py_DECREF(recorder);
+    return nullptr;
+  }
+  // The kernel may have run anything, even cleared this recorder (Recorder_clear).
+  s = reinterpret_cast<Recorder*>(recorder)->state;
+  if (s == nullptr) {
+    Py_DECREF(recorder);
+    return out;
+  }
+  auto* rec = reinterpret_cast<Recorder*>(recorder);
+  const unsigned long thread = PyThread_get_thread_ident();
+  PyObject* module = rec->outside;
+  if (rec->stacks != nullptr) {
+    PyObject* key = PyLong_FromUnsignedLong(thread);
+    PyObject* stack = key == nullptr ? nullptr : PyDict_GetItemWithError(rec->stacks, key);
+    Py_XDECREF(key);
+    if (stack == nullptr && PyErr_Occurred()) {
+      Py_DECREF(out);
+      Py_DECREF(recorder);
+      return nullptr;
+    }
+    if (stack != nullptr && PyList_Check(stack) && PyList_GET_SIZE(stack) > 0) {
+      module = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+    }
+  }
+  try {
+    const int64_t tokens = facts.tokens;
+    const int bits = tokens < 0 ? 0 : 64 - __builtin_clzll(static_cast<uint64_t>(tokens > 0 ? tokens : 1));
+    int32_t row;
+    if (self->memo_serial == s->serial && self->memo_dtype == facts.dtype && self->memo_bits == bits) {
+      row = self->memo_row;
+    } else {
+      row = find_row(s, self->site, facts.dtype, bits);
+    }
+    Row& r = s->rows[static_cast<size_t>(row)];
+    r.calls += 1;
+    r.total_ns += duration;
+    ring_push(r.samples, &r.next, s->max_samples, duration);
+    if (rec->stacks != nullptr) {
+      auto [it, inserted] = s->modules.try_emplace({module, self->site}, 0);
+      if (inserted) {
+        Py_INCREF(module);
+        Py_INCREF(self->site);
+      }
+      it->second += 1;
+    }
+    if (s->max_events > 0) {
+      ring_push(s->events, &s->next_event, s->max_events,
+                Event{start, duration, tokens, row, shape, module, thread});
+      if (self->memo_values == nullptr) {
+        self->memo_values = new int64_t[kMaxTensorParams * (1 + kMaxDims)];
+      }
+      std::memcpy(self->memo_values, facts.values, facts.n * sizeof(int64_t));
+      self->memo_n = facts.n;
+      self->memo_shape = shape;
+    }
+    self->memo_serial = s->serial;
+    self->memo_dtype = facts.dtype;
+    self->memo_bits = bits;
+    self->memo_row = row;
+  } catch (...) {
+    self->memo_serial = 0;
+    Py_DECREF(out);
+    Py_DECREF(recorder);
+    return PyErr_NoMemory();
+  }
+  Py_DECREF(recorder);
+  return out;
+}
+
+int TracedRunner_init(PyObject* op, PyObject* args, PyObject* kwargs) {
+  auto* self = reinterpret_cast<TracedRunner*>(op);
+  static const char* names[] = {"decision", "attr",         "site",           "tensor_indices", "token_indices", "first",
+                                "active",   "process_sink", "profiler_globals", "fallback",     nullptr};
+  PyObject *decision, *attr, *site, *tensors, *tokens, *first, *active, *process_sink, *profiler_globals, *fallback;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OUOO!O!OOO!O!O", const_cast<char**>(names), &decision, &attr, &site,
+                                   &PyTuple_Type, &tensors, &PyTuple_Type, &tokens, &first, &active, &PyList_Type,
+                                   &process_sink, &PyDict_Type, &profiler_globals, &fallback)) {
+    return -1;
+  }
+  if (!PyContextVar_CheckExact(active)) {
+    PyErr_SetString(PyExc_TypeError, "TracedRunner: active must be a contextvars.ContextVar");
+    return -1;
+  }
+  if (!PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "TracedRunner: fallback must be callable");
+    return -1;
+  }
+  Py_ssize_t first_index = -1;
+  if (first != Py_None) {
+    first_index = PyLong_AsSsize_t(first);
+    if (first_index < 0) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "TracedRunner: first must be None or an index >= 0");
+      }
+      return -1;
+    }
+  }
+  if (!parse_indices(tensors, self->tensors, kMaxTensorParams, &self->n_tensors) ||
+      !parse_indices(tokens, self->tokens, kMaxTensorParams, &self->n_tokens)) {
+    PyErr_SetString(PyExc_ValueError, "TracedRunner: indices must be at most 64 ints >= 0");
+    return -1;
+  }
+  self->first = first_index;
+  Py_XSETREF(self->decision, Py_NewRef(decision));
+  Py_XSETREF(self->attr, Py_NewRef(attr));
+  PyUnicode_InternInPlace(&self->attr);
+  Py_XSETREF(self->site, Py_NewRef(site));
+  Py_XSETREF(self->active, Py_NewRef(active));
+  Py_XSETREF(self->process_sink, Py_NewRef(process_sink));
+  Py_XSETREF(self->profiler_globals, Py_NewRef(profiler_globals));
+  Py_XSETREF(self->fallback, Py_NewRef(fallback));
+  self->memo_serial = 0;
+  self->vectorcall = TracedRunner_call;
+  return 0;
+}
+
+int TracedRunner_traverse(PyObject* op, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<TracedRunner*>(op);
+  Py_VISIT(self->decision);
+  Py_VISIT(self->attr);
+  Py_VISIT(self->site);
+  Py_VISIT(self->active);
+  Py_VISIT(self->process_sink);
+  Py_VISIT(self->profiler_globals);
+  Py_VISIT(self->fallback);
+  return 0;
+}
+
+int TracedRunner_clear(PyObject* op) {
+  auto* self = reinterpret_cast<TracedRunner*>(op);
+  Py_CLEAR(self->decision);
+  Py_CLEAR(self->attr);
+  Py_CLEAR(self->site);
+  Py_CLEAR(self->active);
+  Py_CLEAR(self->process_sink);
+  Py_CLEAR(self->profiler_globals);
+  Py_CLEAR(self->fallback);
+  return 0;
+}
+
+void TracedRunner_dealloc(PyObject* op) {
+  PyObject_GC_UnTrack(op);
+  TracedRunner_clear(op);
+  delete[] reinterpret_cast<TracedRunner*>(op)->memo_values;
+  Py_TYPE(op)->tp_free(op);
+}
+
+// Calls before __init__ (a bare TracedRunner.__new__) must not read NULL fields.
+PyObject* TracedRunner_uninitialized(PyObject*, PyObject* const*, size_t, PyObject*) {
+  PyErr_SetString(PyExc_TypeError, "TracedRunner: never initialized");
+  return nullptr;
+}
+
+PyObject* TracedRunner_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* op = PyType_GenericNew(type, args, kwargs);
+  if (op != nullptr) {
+    reinterpret_cast<TracedRunner*>(op)->vectorcall = TracedRunner_uninitialized;
+  }
+  return op;
+}
+
+PyMemberDef TracedRunner_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(TracedRunner, vectorcall), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+PyGetSetDef Recorder_getset[] = {
+    {"calls", Recorder_get_calls, nullptr, "Every call recorded here.", nullptr},
+    {"kept", Recorder_get_kept, nullptr, "The calls kept one by one (at most max_events).", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyMethodDef Recorder_methods[] = {
+    {"set_stacks", Recorder_set_stacks, METH_O,
+     "set_stacks(stacks): attribute calls to the last module path of stacks[thread], or not (None)."},
+    {"rows", Recorder_rows, METH_NOARGS,
+     "rows(): [(site, dtype, bits, calls, total_ns, recent durations oldest first)], in order of creation."},
+    {"modules", Recorder_modules, METH_NOARGS, "modules(): [(module path, site, calls)]."},
+    {"events", Recorder_events, METH_NOARGS,
+     "events(): [(start_ns, duration_ns, row number, shapes bytes, tokens, module path, thread)], oldest first."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 
 PyMethodDef module_methods[] = {
     {"donation_conflict", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(donation_conflict)),
@@ -648,6 +1377,7 @@ PyMethodDef Lookup_methods[] = {
 };
 
 PyTypeObject LookupType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject TracedRunnerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "vllm_ir.ir.dispatch._fast_lookup",
                           "Decision-cache lookups for the eager hot path (see vllm_ir.ir.dispatch.fast_lookup).", -1,
@@ -701,11 +1431,52 @@ PyMODINIT_FUNC PyInit__fast_lookup(void) {
   if (PyType_Ready(&LookupType) < 0) {
     return nullptr;
   }
+  recorder_attr = PyUnicode_InternFromString("_recorder");
+  profiler_flag_name = PyUnicode_InternFromString("_is_profiler_enabled");
+  if (recorder_attr == nullptr || profiler_flag_name == nullptr) {
+    return nullptr;
+  }
+  RecorderType.tp_name = "vllm_ir.ir.dispatch._fast_lookup.Recorder";
+  RecorderType.tp_basicsize = sizeof(Recorder);
+  RecorderType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  RecorderType.tp_doc =
+      "Recorder(max_events, max_samples, max_shape_sets, outside): what a trace's compiled runners record.";
+  RecorderType.tp_methods = Recorder_methods;
+  RecorderType.tp_getset = Recorder_getset;
+  RecorderType.tp_init = Recorder_init;
+  RecorderType.tp_new = PyType_GenericNew;
+  RecorderType.tp_traverse = Recorder_traverse;
+  RecorderType.tp_clear = Recorder_clear;
+  RecorderType.tp_dealloc = Recorder_dealloc;
+  RecorderType.tp_free = PyObject_GC_Del;
+  if (PyType_Ready(&RecorderType) < 0) {
+    return nullptr;
+  }
+  TracedRunnerType.tp_name = "vllm_ir.ir.dispatch._fast_lookup.TracedRunner";
+  TracedRunnerType.tp_basicsize = sizeof(TracedRunner);
+  TracedRunnerType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  TracedRunnerType.tp_doc =
+      "TracedRunner(decision, attr, site, tensor_indices, token_indices, first, active, process_sink, "
+      "profiler_globals, fallback): a traced decision's runner, recording into its trace's Recorder.";
+  TracedRunnerType.tp_vectorcall_offset = offsetof(TracedRunner, vectorcall);
+  TracedRunnerType.tp_call = PyVectorcall_Call;
+  TracedRunnerType.tp_members = TracedRunner_members;
+  TracedRunnerType.tp_init = TracedRunner_init;
+  TracedRunnerType.tp_new = TracedRunner_new;
+  TracedRunnerType.tp_traverse = TracedRunner_traverse;
+  TracedRunnerType.tp_clear = TracedRunner_clear;
+  TracedRunnerType.tp_dealloc = TracedRunner_dealloc;
+  TracedRunnerType.tp_free = PyObject_GC_Del;
+  if (PyType_Ready(&TracedRunnerType) < 0) {
+    return nullptr;
+  }
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) {
     return nullptr;
   }
   if (PyModule_AddObjectRef(module, "Lookup", reinterpret_cast<PyObject*>(&LookupType)) < 0 ||
+      PyModule_AddObjectRef(module, "Recorder", reinterpret_cast<PyObject*>(&RecorderType)) < 0 ||
+      PyModule_AddObjectRef(module, "TracedRunner", reinterpret_cast<PyObject*>(&TracedRunnerType)) < 0 ||
       PyModule_AddStringConstant(module, "BUILT_FOR_TORCH", VLLM_IR_BUILT_FOR_TORCH) < 0) {
     Py_DECREF(module);
     return nullptr;

@@ -48,6 +48,12 @@ _module, unavailable_reason = _load()
 #: ``call_facts(args, tensor_indices, token_indices, first)``: what the trace records of a call,
 #: in one C call (`vllm_ir.ir.dispatch.observe.python_call_facts` is its reference), or None.
 call_facts = getattr(_module, "call_facts", None)
+#: ``Recorder(max_events, max_samples, max_shape_sets, outside)``: what a trace's compiled runners
+#: record (`vllm_ir.tools.tracing.Trace` reads it back), or None without the extension.
+Recorder = getattr(_module, "Recorder", None)
+#: ``TracedRunner(...)``: a traced decision's runner in one C call (`vllm_ir.ir.dispatch.observe`
+#: builds them; its Python runner is the reference and where it hands over), or None.
+TracedRunner = getattr(_module, "TracedRunner", None)
 
 
 def available() -> bool:

@@ -10,6 +10,12 @@ profiler the hot path is unchanged.
 A traced runner times the kernel (``perf_counter_ns``; CUDA events on a GPU, read when the
 trace is summarised) and hands the call's facts to the active trace (`active`); a labelled
 runner puts the kernel inside one ``record_function`` range, ``vllm_ir::rms_norm[vllm_c]``.
+
+With the compiled extension a traced runner is one C call (`fast_lookup.TracedRunner`): it
+reads the facts, times the kernel and updates the trace's compiled recorder (``Trace._recorder``)
+without running Python code, which is what keeps tracing within its budget of 1 us per call.
+The Python runner below stays the reference, and the path of every call the C one hands over:
+a sink that is not a `vllm_ir.trace.Trace`, tensor subclasses, CUDA tensors, a profiler.
 """
 
 from __future__ import annotations
@@ -168,7 +174,30 @@ def _labelled(decision: Decision, attr: str, label: str) -> Callable[..., Any]:
     return run
 
 
+#: Build traced runners in C where the extension has them (tests turn it off to compare).
+compiled_runners = fast_lookup.TracedRunner is not None
+
+
 def _traced(decision: Decision, attr: str, site: CallSite) -> Callable[..., Any]:
+    run = _python_traced(decision, attr, site)
+    if not compiled_runners or fast_lookup.TracedRunner is None or len(site.tensor_indices) > 64:
+        return run
+    return fast_lookup.TracedRunner(
+        decision,
+        attr,
+        site,
+        site.tensor_indices,
+        site.token_indices,
+        site.first_tensor,
+        active,
+        _process_sink,
+        vars(profiler_flag),
+        run,
+    )
+
+
+def _python_traced(decision: Decision, attr: str, site: CallSite) -> Callable[..., Any]:
+    """The reference traced runner (and the compiled one's fallback): `Sink.record` per call."""
     tensors, tokens, first = site.tensor_indices, site.token_indices, site.first_tensor
     compiled = compiled_call_facts
 
