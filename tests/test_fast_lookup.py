@@ -386,3 +386,51 @@ def test_an_op_no_table_mentions_keeps_its_key_without_a_bucket(picky_providers,
     # One range for every T: nothing to bucket, the key is today's.
     assert op.decision_cache.bucket_cell[0] is None
     assert vllm_ir.ops.fused_add_rms_norm.decision_cache.bucket_cell[0] is None
+
+
+# -- the compiled traced runner (vllm_ir.ir.dispatch.observe) ------------------------------------
+
+
+@pytest.mark.skipif(fast_lookup.TracedRunner is None, reason="vllm_ir.ir.dispatch._fast_lookup is not built")
+def test_the_traced_runner_hands_what_it_cannot_record_to_the_python_runner():
+    """No sink: the kernel alone. A sink that is no Trace, keyword arguments, a profiler: the
+    Python runner (the reference) takes the call. A Trace: the compiled recorder does."""
+    import contextvars
+
+    from vllm_ir.ir.dispatch import observe
+    from vllm_ir.tools import tracing
+
+    op = vllm_ir.ops.rms_norm
+    site = observe.call_site(op, "native", "functional")
+
+    class Decision:
+        functional = staticmethod(lambda *args, **kwargs: ("kernel", args, kwargs))
+
+    handed: list[tuple] = []
+
+    def fallback(*args, **kwargs):
+        handed.append((args, kwargs))
+        return "python"
+
+    active: contextvars.ContextVar = contextvars.ContextVar("sink", default=None)
+    sinks: list = [None]
+    runner = fast_lookup.TracedRunner(
+        Decision(), "functional", site, site.tensor_indices, site.token_indices, site.first_tensor,
+        active, sinks, vars(torch.autograd.profiler), fallback,
+    )  # fmt: skip
+    x, w = torch.randn(3, 8), torch.ones(8)
+    assert runner(x, w, 1e-6) == ("kernel", (x, w, 1e-6), {}) and not handed
+    active.set(object())  # a sink without a compiled recorder
+    assert runner(x, w, 1e-6) == "python" and len(handed) == 1
+    trace = tracing.Trace()
+    active.set(trace)
+    assert runner(x, w, 1e-6) == ("kernel", (x, w, 1e-6), {}) and trace._recorder.calls == 1
+    assert runner(x, w, epsilon=1e-6) == "python" and handed[-1] == ((x, w), {"epsilon": 1e-6})
+    with torch.profiler.profile():
+        assert runner(x, w, 1e-6) == "python"
+    active.set(None)
+    sinks[0] = trace  # the process trace
+    assert runner(torch.randn(5, 8), w, 1e-6)[0] == "kernel" and trace._recorder.calls == 2
+    assert [e["tokens"] for e in trace.events] == [3, 5] and len(handed) == 3
+    with pytest.raises(TypeError, match="never initialized"):
+        fast_lookup.TracedRunner.__new__(fast_lookup.TracedRunner)(x)
