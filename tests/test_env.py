@@ -176,8 +176,8 @@ def test_a_bad_priority_entry_is_dropped_and_the_good_ones_kept(monkeypatch):
     from tests.ops_for_tests import rms_norm_impl
 
     rms_norm_impl("p_env_good", supports_args=lambda x, weight, epsilon, variance_size=None: True)
-    monkeypatch.setenv("VLLM_IR_OP_PRIORITY", "rms_norm=p_env_good;fused_add_rms_norm=p_env_typo")
-    with pytest.raises(ConfigError, match="unknown provider 'p_env_typo' for op 'fused_add_rms_norm'"):
+    monkeypatch.setenv("VLLM_IR_OP_PRIORITY", "rms_norm=p_env_good;fused_add_rms_norm=p_env_god")
+    with pytest.raises(ConfigError, match="unknown provider 'p_env_god' for op 'fused_add_rms_norm'"):
         vllm_ir.reload_env()
     assert vllm_ir.ops.rms_norm.get_priority()[0].provider == "p_env_good"
     assert [e.provider for e in vllm_ir.ops.fused_add_rms_norm.get_priority()] == ["native"]
@@ -279,6 +279,7 @@ def test_doctor_lists_every_bad_setting_with_its_fix(tmp_path):
 
 # ---------------------------------------------------------------------------------------
 # One exception hierarchy
+
 
 #: Modules that define the errors vllm-ir raises (vllm_ir.passes' are imported lazily: Inductor).
 def _modules_defining_errors() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 import vllm_ir
 from tests.ops_for_tests import discovery_answering, rms_norm_impl
@@ -160,7 +161,7 @@ def test_string_instead_of_list_is_refused():
         ("=native", "is not of the form op=provider"),
         ("rms_norm=native,,native", "empty provider name"),
         ("rms_norm=native;rms_norm=native", "op 'rms_norm' is given twice"),
-        ("rms_norm=bogus", "unknown provider 'bogus' for op 'rms_norm'"),
+        ("rms_norm=natve", "unknown provider 'natve' for op 'rms_norm'.*did you mean 'native'"),
         ("bogus_op=native", "unknown op 'bogus_op'"),
     ],
 )
@@ -169,6 +170,20 @@ def test_env_priority_errors_name_the_variable(monkeypatch, spec, message):
     with pytest.raises(PriorityError, match=message) as info:
         vllm_ir.reload_env()
     assert "VLLM_IR_OP_PRIORITY" in str(info.value)
+
+
+def test_env_priority_may_name_a_provider_of_other_machines(monkeypatch):
+    """No provider list lives in the core: a name that is no near miss of one discovery knows is
+    taken for a provider installed elsewhere (a shared setting), a note and the next provider."""
+    monkeypatch.setenv("VLLM_IR_OP_PRIORITY", "rms_norm=acme_kernels,native")
+    from vllm_ir.settings import env
+
+    vllm_ir.reload_env()  # no ConfigError
+    (note,) = [f for f in env.findings() if "acme_kernels" in f.message]
+    assert note.here_only and "has no implementation of 'rms_norm' installed here" in note.message
+    x, w = torch.randn(2, 8), torch.ones(8)
+    assert op.dispatch(x, w, 1e-6).provider == "native"
+    assert [v.provider for v in op.explain(x, w, 1e-6).verdicts][:2] == ["acme_kernels", "native"]
 
 
 def test_env_priority_parses_whitespace_and_several_ops(monkeypatch, three):

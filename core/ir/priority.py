@@ -483,9 +483,10 @@ def _error(source: str, message: str, fix: str | None = None) -> ConfigError:
 def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tuple[str, ...], list[Finding]]:
     """Check a priority list from the environment or the config file against what is installed.
 
-    An unknown op, or a provider name that is no provider at all (a typo), raises `ConfigError`
-    listing the known ones. A provider that exists but not here (not installed, or unsupported
-    on this machine) stays in the list, where `resolve` marks it, and yields a note.
+    An unknown op, or a provider name that is a near miss of a known one (a typo,
+    `env.looks_like_typo`), raises `ConfigError` listing the known ones. Any other provider not
+    here (not installed, unsupported on this machine, or a third-party provider of other
+    machines) stays in the list, where `resolve` marks it, and yields a note.
     """
     try:
         op = registry.get_op(op_name)
@@ -493,8 +494,7 @@ def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tu
         hint = env.did_you_mean(op_name, [o.name for o in registry.all_ops()])
         raise _error(source, f"{exc}{hint}", f"use one of the known op names in {source}") from None
     notes: list[Finding] = []
-    discovered = registry.discovery().known_names()
-    known = set(env.KNOWN_PROVIDERS) | {p for o in registry.all_ops() for p in o.impls} | set(discovered)
+    known = {p for o in registry.all_ops() for p in o.impls} | set(registry.discovery().known_names())
     for p in providers:
         impl = op.impls.get(p)
         if impl is not None:
@@ -508,7 +508,7 @@ def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tu
                         here_only=True,
                     )
                 )
-        elif p in known:
+        elif p in known or not env.looks_like_typo(p, known):  # this machine's, or another's
             notes.append(
                 Finding(
                     source,

@@ -66,10 +66,6 @@ TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 BOOLEAN_VALUES = "1, true, yes, on (or 0, false, no, off; any case)"
 FALLBACK_POLICIES = ("allow", "warn", "error")
-#: Deprecated: the in-repo provider names, still read by the priority and tuning layers' name
-#: checks and by bench (issue 35: they move to `looks_like_typo`). `unknown_names` no longer
-#: reads it: the core names no provider.
-KNOWN_PROVIDERS = ("native", "aten", "inductor", "vllm_c", "triton", "aiter", "xpu_kernels", "oink", "flashinfer")
 #: What an entry point (and so a provider) name may look like.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-@]*")
 

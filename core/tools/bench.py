@@ -826,14 +826,15 @@ def plot(report: dict[str, Any], path: str | None, detail_path: str | None = Non
 
 
 def _check_providers(names: Sequence[str], ops: Sequence[IrOp]) -> None:
-    """An unknown provider name is a usage error listing the known ones (one not here is only skipped)."""
+    """A misspelt provider name (`env.looks_like_typo`) is a usage error listing the known ones;
+    any other name not here is only skipped (a provider of other machines)."""
     from vllm_ir.settings import env
     from vllm_ir.tools.arguments import UsageError
 
     here = {p for op in ops for p in op.impls}
-    known = here | set(env.KNOWN_PROVIDERS) | {r.name for r in vllm_ir.provider_records()}
+    known = here | {r.name for r in vllm_ir.provider_records()}
     for name in names:
-        if name not in known:
+        if name not in known and env.looks_like_typo(name, known):
             raise UsageError(
                 f"argument --providers: unknown provider {name!r}; known providers of "
                 f"{', '.join(op.name for op in ops)}: {', '.join(sorted(here))}{env.did_you_mean(name, sorted(known))}"
