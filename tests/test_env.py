@@ -356,3 +356,21 @@ def test_doctor_knows_the_variables_plugins_declare():
     settings = {p["setting"] for p in json.loads(doctor.stdout)["problems"]}
     assert "VLLM_IR_FALBACK" in settings  # a real misspelling still is one
     assert not settings & {"VLLM_IR_C_TABLES", "VLLM_IR_OOT_PLATFORM"}
+
+
+def test_dispatch_settings_check_syntax_and_leave_names_to_the_core():
+    """`vllm_ir.settings.dispatch` reads every dispatch setting in one place, below the IR core:
+    it keeps well-formed entries whatever they name and reports each malformed one."""
+    from vllm_ir.settings import dispatch
+
+    read = dispatch.read(
+        {"VLLM_IR_OP_PRIORITY": "no_such_op=acme;bad;x=", "VLLM_IR_FALLBACK": "sometimes", "VLLM_IR_REFERENCE": "1"}
+    )
+    assert read.env_priority == {
+        "no_such_op": dispatch.PriorityList(("acme",), "VLLM_IR_OP_PRIORITY", "no_such_op=acme")
+    }
+    assert read.fallback == "warn" and read.reference is True
+    messages = [f.message for f in read.findings]
+    assert any("'bad' is not of the form op=provider" in m and "the entry 'bad' is ignored" in m for m in messages)
+    assert any("op 'x' has an empty provider name" in m for m in messages)
+    assert any(m.startswith("VLLM_IR_FALLBACK") and "so the policy is 'warn'" in m for m in messages)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Literal
 from vllm_ir.errors import PriorityError, UnknownOpError
 from vllm_ir.ir import registry
 from vllm_ir.ir.impl import NATIVE, IrOpImpl, reason_of
+from vllm_ir.settings import dispatch as dispatch_settings
 from vllm_ir.settings import env
 from vllm_ir.settings.env import ConfigError, Finding
 
@@ -191,16 +192,8 @@ _interned_scopes: dict[tuple, _Scope] = {}
 
 
 def _initial_scope() -> _Scope | None:
-    """``VLLM_IR_TRACE=1`` (or the config's ``trace = true``) traces the whole process: every
-    context starts in a traced scope."""
-    default = False
-    if env.raw(env.ENV_TRACE) is None and env.raw(env.ENV_CONFIG) is not None:
-        from vllm_ir.settings import config  # read now only when the variable leaves it to the file
-
-        default = bool(config.current().trace)
-    if env.read_bool(env.ENV_TRACE, default):
-        return interned_scope((), (True, False, False))
-    return None
+    """``VLLM_IR_TRACE=1`` (or the config's ``trace = true``): every context starts traced."""
+    return interned_scope((), (True, False, False)) if dispatch_settings.process_traced() else None
 
 
 _initial = _initial_scope()
@@ -447,39 +440,6 @@ def _resolve(op: IrOp, mode: Mode, scope: _Scope | None, tuned: TuningEntry | No
     return ResolvedPriority(tuple(entries), tuple(candidates))
 
 
-def _parse_priority(spec: str, source: str) -> tuple[dict[str, tuple[str, ...]], list[Finding]]:
-    """Every well-formed entry of ``spec``, and a finding per ignored entry or absent provider."""
-    out: dict[str, tuple[str, ...]] = {}
-    findings: list[Finding] = []
-    for raw in spec.split(";"):
-        item = raw.strip()
-        if not item:
-            continue
-        op, sep, rest = item.partition("=")
-        op = op.strip()
-        providers = [p.strip() for p in rest.split(",")]
-        try:
-            if not sep or not op:
-                raise _error(source, f"{item!r} is not of the form op=provider[,provider...] (in {spec!r})")
-            if not rest.strip() or any(not p for p in providers):
-                raise _error(
-                    source, f"op {op!r} has an empty provider name in {item!r}; expected op=provider[,provider...]"
-                )
-            if op in out:
-                raise _error(source, f"op {op!r} is given twice")
-            out[op], notes = check_names(op, providers, source)
-            findings += notes
-        except ConfigError as exc:
-            findings.append(_ignored(exc.finding, f"the entry {item!r} is ignored"))
-    return out, findings
-
-
-def _error(source: str, message: str, fix: str | None = None) -> ConfigError:
-    return ConfigError(
-        Finding(source, f"{source}: {message}", fix or f"write {source} as op=provider[,provider...];op=...")
-    )
-
-
 def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tuple[str, ...], list[Finding]]:
     """Check a priority list from the environment or the config file against what is installed.
 
@@ -492,7 +452,9 @@ def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tu
         op = registry.get_op(op_name)
     except UnknownOpError as exc:
         hint = env.did_you_mean(op_name, [o.name for o in registry.all_ops()])
-        raise _error(source, f"{exc}{hint}", f"use one of the known op names in {source}") from None
+        raise dispatch_settings.priority_error(
+            source, f"{exc}{hint}", f"use one of the known op names in {source}"
+        ) from None
     notes: list[Finding] = []
     known = {p for o in registry.all_ops() for p in o.impls} | set(registry.discovery().known_names())
     for p in providers:
@@ -519,7 +481,7 @@ def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tu
                 )
             )
         else:
-            raise _error(
+            raise dispatch_settings.priority_error(
                 source,
                 f"unknown provider {p!r} for op {op_name!r}; known providers of {op_name}: "
                 f"{', '.join(sorted(op.impls))}{env.did_you_mean(p, sorted(known))}",
@@ -529,59 +491,35 @@ def check_names(op_name: str, providers: Sequence[str], source: str) -> tuple[tu
 
 
 def _read_env(environ: Mapping[str, str]) -> Settings:
-    """Read every setting leniently: what cannot be read is left out and becomes a finding."""
-    from vllm_ir.settings import config
-
-    site = config.current()
-    findings: list[Finding] = []
-    fallback = site.fallback or "warn"
-    value = env.raw(ENV_FALLBACK, environ)
-    if value is not None:
+    """The dispatch settings (`vllm_ir.settings.dispatch`) with every priority list's op and
+    provider names checked: an entry naming an unknown op or a misspelt provider is left out."""
+    read = dispatch_settings.read(environ)
+    findings = list(read.findings)
+    op_priority: dict[str, tuple[str, ...]] = {}
+    for op_name, entry in read.env_priority.items():
         try:
-            fallback = env.parse_choice(ENV_FALLBACK, value, FALLBACK_POLICIES)
+            op_priority[op_name], notes = check_names(op_name, entry.providers, entry.source)
         except ConfigError as exc:
-            findings.append(_ignored(exc.finding, f"{ENV_FALLBACK} is ignored, so the policy is {fallback!r}"))
-    batch_invariant = bool(site.batch_invariant)
-    value = env.raw(ENV_BATCH_INVARIANT, environ)
-    if value is not None:
-        try:
-            batch_invariant = env.parse_bool(ENV_BATCH_INVARIANT, value)
-        except ConfigError as exc:
-            state = "on" if batch_invariant else "off"
-            findings.append(_ignored(exc.finding, f"{ENV_BATCH_INVARIANT} is ignored, so batch invariance is {state}"))
-    reference = bool(site.reference)
-    value = env.raw(env.ENV_REFERENCE, environ)
-    if value is not None:
-        try:
-            reference = env.parse_bool(env.ENV_REFERENCE, value)
-        except ConfigError as exc:
-            state = "on" if reference else "off"
-            findings.append(_ignored(exc.finding, f"{env.ENV_REFERENCE} is ignored, so reference mode is {state}"))
-    op_priority, notes = _parse_priority(environ.get(ENV_PRIORITY, ""), ENV_PRIORITY)
-    findings += notes
+            notes = [env.ignored(exc.finding, f"the entry {entry.text!r} is ignored")]
+        findings += notes
     config_priority: dict[str, dict[str, tuple[str, ...]]] = {}
-    for mode, lists in site.priority.items():
+    for mode, lists in read.config_priority.items():
         config_priority[mode] = {}
-        for op_name, providers in lists.items():
-            where = site.priority_where.get(mode, {}).get(op_name) or site.where(f"priority.{op_name}")
+        for op_name, entry in lists.items():
             try:
-                config_priority[mode][op_name], notes = check_names(op_name, providers, where)
+                config_priority[mode][op_name], notes = check_names(op_name, entry.providers, entry.source)
             except ConfigError as exc:
-                notes = [_ignored(exc.finding, "the key is ignored")]
+                notes = [env.ignored(exc.finding, "the key is ignored")]
             findings += [n for n in notes if n not in findings]
     return Settings(
         op_priority=op_priority,
-        fallback=fallback,
-        batch_invariant=batch_invariant,
+        fallback=read.fallback,
+        batch_invariant=read.batch_invariant,
         config_priority=config_priority,
-        config_source=site.source,
+        config_source=read.config_source,
         findings=tuple(findings),
-        reference=reference,
+        reference=read.reference,
     )
-
-
-def _ignored(finding: Finding, consequence: str) -> Finding:
-    return Finding(finding.setting, f"{finding.message}; {consequence}", finding.fix, finding.here_only)
 
 
 def _validate(op_name: str, providers: Sequence[str] | None, source: str) -> tuple[str, ...]:

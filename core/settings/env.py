@@ -133,11 +133,12 @@ def read_bool(name: str, default: bool, *, owner: str | None = None, env: Mappin
     try:
         return parse_bool(name, value)
     except ConfigError as exc:
-        report(owner or name, [_ignored(exc.finding, f"{name} is ignored, so it is {'on' if default else 'off'}")])
+        report(owner or name, [ignored(exc.finding, f"{name} is ignored, so it is {'on' if default else 'off'}")])
         return default
 
 
-def _ignored(finding: Finding, consequence: str) -> Finding:
+def ignored(finding: Finding, consequence: str) -> Finding:
+    """``finding`` with what happens instead (``...; VLLM_IR_FALLBACK is ignored, so ...``)."""
     return Finding(finding.setting, f"{finding.message}; {consequence}", finding.fix, finding.here_only)
 
 
