@@ -374,3 +374,26 @@ def test_dispatch_settings_check_syntax_and_leave_names_to_the_core():
     assert any("'bad' is not of the form op=provider" in m and "the entry 'bad' is ignored" in m for m in messages)
     assert any("op 'x' has an empty provider name" in m for m in messages)
     assert any(m.startswith("VLLM_IR_FALLBACK") and "so the policy is 'warn'" in m for m in messages)
+
+
+def test_warnings_point_at_the_callers_line(monkeypatch):
+    """A settings warning and a fallback warning name the user's file and line, not a frame of
+    vllm_ir (whichever folder of the package raised it)."""
+    import torch
+
+    from tests.ops_for_tests import rms_norm_impl
+    from vllm_ir.ir import priority as priority_module
+
+    rms_norm_impl("p_declines", supports_args=lambda x, weight, epsilon, variance_size=None: False)
+    x, w = torch.randn(2, 8), torch.ones(8)
+    monkeypatch.setenv("VLLM_IR_FALLBACK", "sometimes")
+    monkeypatch.setattr(priority_module, "_settings", None)  # read again on the next call
+    env.forget_warnings()
+    vllm_ir.reset_dispatch_stats()
+    with warnings.catch_warnings(record=True) as caught, vllm_ir.priority(rms_norm=["p_declines"]):
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        vllm_ir.ops.rms_norm(x, w, 1e-6)
+    kinds = {type(c.message).__name__: (c.filename, c.lineno) for c in caught}
+    assert kinds.get("ConfigWarning") == (__file__, line), kinds
+    assert kinds.get("FallbackWarning") == (__file__, line), kinds

@@ -237,14 +237,15 @@ def forget_warnings() -> None:
     _warned.clear()
 
 
-#: Frames of vllm_ir itself: its modules and its generated entry points.
-_OWN_CODE = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<vllm_ir.")
+#: Frames of vllm_ir itself: every module of the package (this file is in its settings/) and the
+#: generated entry points.
+_OWN_CODE = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, "<vllm_ir.")
 
 
 def user_stacklevel(*, skip_importlib: bool = True) -> int:
     """``stacklevel`` for a warning its caller raises: the first frame outside vllm_ir (and,
     with ``skip_importlib``, outside importlib, for settings read while a module imports). The
-    one walker of vllm_ir's warnings (`vllm_ir.ir.dispatch.fallback` keeps its own for now)."""
+    one walker of vllm_ir's warnings."""
     frame, level = sys._getframe(1), 1  # 1: the function that calls warnings.warn
     while frame.f_back is not None and (
         frame.f_code.co_filename.startswith(_OWN_CODE) or (skip_importlib and "importlib" in frame.f_code.co_filename)

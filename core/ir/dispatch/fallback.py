@@ -6,14 +6,12 @@ reason, pointing at the caller's line, ``error`` raises `FallbackError`.
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_ir.errors import FallbackError, FallbackWarning
 from vllm_ir.ir import priority as _priority
+from vllm_ir.settings import env
 
 if TYPE_CHECKING:
     from vllm_ir.ir.dispatch.selection import Decision
@@ -37,20 +35,8 @@ def apply(op: IrOp, decision: Decision) -> None:
                 f"op {op.name!r}: provider {provider!r} declined the call ({reason}); "
                 f"{decision.provider!r} runs instead (shown once; VLLM_IR_FALLBACK=allow silences it)",
                 FallbackWarning,
-                stacklevel=user_stacklevel(),
+                stacklevel=env.user_stacklevel(),
             )
-
-
-#: Frames of vllm_ir itself: its modules and its generated entry points.
-_OWN_CODE = (str(Path(__file__).resolve().parents[1]) + os.sep, "<vllm_ir.")
-
-
-def user_stacklevel() -> int:
-    """``stacklevel`` for a warning raised in here that points at the caller's line."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_CODE):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def forget_warnings() -> None:

@@ -18,9 +18,9 @@ from vllm_ir.errors import PredicateError, ProviderWarning
 from vllm_ir.ir import priority as _priority
 from vllm_ir.ir import results, tuning
 from vllm_ir.ir.dispatch import observe
-from vllm_ir.ir.dispatch.fallback import user_stacklevel
 from vllm_ir.ir.impl import NATIVE, IrOpImpl, Unsupported, reason_of
 from vllm_ir.ir.priority import EntryStatus, Mode, PriorityLayer, current_scope
+from vllm_ir.settings import env
 from vllm_ir.settings.log import get_logger
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ def _predicate_failed(impl: IrOpImpl, problem: str, exc: BaseException | None) -
         warnings.warn(
             f"{message}; the provider is skipped for such calls (a bug in the provider; shown once)",
             ProviderWarning,
-            stacklevel=user_stacklevel(),
+            stacklevel=env.user_stacklevel(),
         )
     return Unsupported(f"predicate error: {problem}")
 
