@@ -254,19 +254,6 @@ def replace_with_graph(match: Match, gm: fx.GraphModule, args: list[Any]) -> lis
     return [n for n in added if not n._erased]
 
 
-def cloning(fn: Callable[..., Any], indices: tuple[int, ...]) -> Callable[..., Any]:
-    """``fn`` run on fresh copies of the arguments at ``indices`` (traced: the clones come first)."""
-
-    def with_clones(*args: Any) -> Any:
-        args_list = list(args)
-        for i in indices:
-            if isinstance(args_list[i], torch.Tensor):
-                args_list[i] = torch.ops.aten.clone.default(args_list[i])
-        return fn(*args_list)
-
-    return with_clones
-
-
 class LoweringPass(CustomGraphPass):
     """Replace IR nodes by their selected implementations (see module docstring).
 
@@ -425,7 +412,7 @@ class LoweringPass(CustomGraphPass):
         impl = decision.impl
         fn = impl.fn
         if impl.inplace and op.activation_indices:
-            fn = cloning(fn, op.activation_indices)
+            fn = _selection.on_copies(fn, op.activation_indices)
         return decision, fn, args
 
     def _fail(self, failed: dict[fx.Node, str], report: GraphReport) -> None:
@@ -456,7 +443,7 @@ class _LoweringState:
 
 
 def _tag_clones(op: IrOp, ir_node: str, args: tuple[Any, ...], donated: tuple[str, ...], added: list[fx.Node]) -> None:
-    """Mark the clones ``cloning`` put in front of an in-place kernel (the first clone of each activation)."""
+    """Mark the clones ``on_copies`` put in front of an in-place kernel (the first clone of each activation)."""
     clone = torch.ops.aten.clone.default
     for param, index in zip(op.activations, op.activation_indices, strict=True):
         source = args[index]

@@ -198,7 +198,7 @@ def make_decision(op: IrOp, impl: IrOpImpl, skipped: tuple[tuple[str, str], ...]
     fn = impl.fn
     functional = fn
     if impl.inplace and op.activation_indices:
-        functional = _cloning(fn, op.activation_indices)
+        functional = on_copies(fn, op.activation_indices)
     in_place = impl.inplace_fn or fn
     guard = impl.has_inplace_kernel and bool(op.activation_indices)
     decision = Decision(impl, skipped, cacheable, functional=functional, maybe_inplace=in_place, guard_donation=guard)
@@ -212,17 +212,19 @@ def make_decision(op: IrOp, impl: IrOpImpl, skipped: tuple[tuple[str, str], ...]
     return decision
 
 
-def _cloning(fn: Callable[..., Any], indices: tuple[int, ...]) -> Callable[..., Any]:
-    """Run an in-place kernel on copies of the activations, keeping the default overload functional."""
+def on_copies(fn: Callable[..., Any], indices: tuple[int, ...]) -> Callable[..., Any]:
+    """``fn`` (an in-place kernel) run on fresh copies of the tensors at ``indices``: the default
+    overload stays functional. Eager dispatch and lowering share it; traced, the copies are
+    ``aten.clone`` nodes in front of the kernel, which clone cleanup may remove."""
 
-    def functional(*args: Any) -> Any:
+    def with_copies(*args: Any) -> Any:
         args_list = list(args)
         for i in indices:
-            if args_list[i] is not None:
+            if isinstance(args_list[i], torch.Tensor):
                 args_list[i] = args_list[i].clone()
         return fn(*args_list)
 
-    return functional
+    return with_copies
 
 
 def describe_call(op: IrOp, args: Sequence[Any]) -> str:
