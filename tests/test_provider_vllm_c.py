@@ -1257,3 +1257,12 @@ def test_looked_up_activations_equal_computed_ones_for_every_16_bit_value(tmp_pa
                 both_nan = got.isnan() & want.isnan()
                 got, want = got.view(torch.int16)[~both_nan], want.view(torch.int16)[~both_nan]
             assert torch.equal(got, want), (tables, case)
+
+
+def test_vllm_c_goes_first_only_on_platforms_it_has_kernels_for():
+    """vllm_c builds CPU and CUDA kernels, no HIP ones: on ROCm it could only decline every GPU
+    call, so no family puts it first there (aiter's and the others' defaults lead)."""
+    import vllm_ir_provider_vllm_c as vllm_c
+
+    first = {family.__name__: set(getattr(family, "EAGER_FIRST", {})) for family in vllm_c.FAMILIES}
+    assert all(platforms <= {"cpu", "cuda"} for platforms in first.values()), first

@@ -29,9 +29,9 @@ from ._extension import STATUS, VLLM_C, devices, torch_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Platforms where ``vllm_c`` goes first for these ops in eager mode: CPU (benchmarks/kernels.py:
-#: it wins at every shape there), and CUDA and ROCm (the seed's defaults; aiter's hook goes
-#: before it on ROCm).
-EAGER_FIRST = {platform: ("rms_norm", "fused_add_rms_norm") for platform in ("cpu", "cuda", "rocm")}
+#: it wins at every shape there) and CUDA (the seed's defaults). Not ROCm: vllm_c builds no HIP
+#: kernels (`_extension.devices`), so there it could only decline every GPU call.
+EAGER_FIRST = {platform: ("rms_norm", "fused_add_rms_norm") for platform in ("cpu", "cuda")}
 ON = devices(STATUS)
 # The CPU kernels reduce each row in a fixed order whatever the batch; the CUDA ones do not
 # (their summation order depends on hidden size and pointer alignment).
