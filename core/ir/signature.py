@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import types
+import weakref
 from collections.abc import Callable
 from typing import Any, get_args, get_origin
 
@@ -27,6 +29,43 @@ _REFUSED_KINDS = {
 }
 
 
+#: `signature_of`'s results: function -> (the state they were computed from, signature).
+_signatures: weakref.WeakKeyDictionary[Callable[..., Any], tuple[tuple[object, ...], inspect.Signature]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def signature_of(fn: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature(fn, eval_str=True)``, computed once per function while it is unchanged.
+
+    Registering one implementation reads its kernel's and predicate's signatures three or four
+    times (the kernel forms, the parameter check, the schema), each evaluating every string
+    annotation again. A plain function's signature follows from its code, defaults,
+    annotations and a ``__signature__`` or ``__wrapped__`` set on it: the result is reused while
+    each of those is the very object it was computed from (the names its annotations evaluate to
+    in its module are taken to stay bound as they were). Other callables are inspected each time.
+    """
+    if type(fn) is not types.FunctionType:
+        return inspect.signature(fn, eval_str=True)
+    extra = fn.__dict__
+    annotations = fn.__annotations__
+    state = (
+        fn.__code__,
+        fn.__defaults__,
+        fn.__kwdefaults__,
+        annotations,
+        *annotations.values(),
+        extra.get("__signature__"),
+        extra.get("__wrapped__"),
+    )
+    known = _signatures.get(fn)
+    if known is not None and len(known[0]) == len(state) and all(a is b for a, b in zip(known[0], state, strict=True)):
+        return known[1]
+    sig = inspect.signature(fn, eval_str=True)
+    _signatures[fn] = (state, sig)
+    return sig
+
+
 def check_op_name(name: str) -> None:
     if not isinstance(name, str) or not NAME.match(name):
         raise RegistrationError(
@@ -39,7 +78,7 @@ def check_op_name(name: str) -> None:
 def check_parameters(fn: Callable[..., Any], *, op: str, provider: str | None, what: str) -> inspect.Signature:
     """Refuse parameter kinds a torch schema cannot express positionally."""
     try:
-        sig = inspect.signature(fn, eval_str=True)
+        sig = signature_of(fn)
     except NameError as exc:
         raise RegistrationError(
             f"{_who(op, provider)}: cannot resolve the annotations of {what}: {exc}", op=op, provider=provider
@@ -81,7 +120,7 @@ def infer_schema(fn: Callable[..., Any], *, op: str, provider: str | None, what:
 
 def _optional_tensor_returns(fn: Callable[..., Any]) -> tuple[int, ...]:
     """Positions of ``Tensor | None`` elements in ``fn``'s returned tuple (empty: nothing to adapt)."""
-    ret = inspect.signature(fn, eval_str=True).return_annotation
+    ret = signature_of(fn).return_annotation
     if get_origin(ret) is not tuple:
         return ()
     return tuple(i for i, a in enumerate(get_args(ret)) if _is_optional_tensor(a))
@@ -94,7 +133,7 @@ def _is_optional_tensor(annotation: object) -> bool:
 
 def _with_return(fn: Callable[..., Any], optional: tuple[int, ...]) -> Callable[..., Any]:
     """A stand-in with ``fn``'s parameters whose returned tuple has ``Tensor`` at ``optional``."""
-    sig = inspect.signature(fn, eval_str=True)
+    sig = signature_of(fn)
     elements = [torch.Tensor if i in optional else a for i, a in enumerate(get_args(sig.return_annotation))]
 
     def stand_in(*args: Any, **kwargs: Any) -> Any:

@@ -15,11 +15,12 @@ import inspect
 import linecache
 import logging
 from collections.abc import Callable
+from types import CodeType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from vllm_ir.ir.dispatch import fast_lookup
+from vllm_ir.ir.dispatch import code_cache, fast_lookup
 from vllm_ir.ir.dispatch.cache_key import bucket, first_token_count, freeze, tensor_facts
 from vllm_ir.ir.dispatch.donation import precise_donation_conflict
 from vllm_ir.ir.dispatch.observe import profiler_flag
@@ -110,8 +111,11 @@ def build_entry_points(
     # A tuning table that chooses this op by token range puts the range bucket last (None: no bucket).
     counted = f"_first_token_count({', '.join(op.token_params)})" if op.token_params else "None"
     with_bucket = f"_vi_k if _buckets[0] is None else _vi_k + (_bucket(_buckets[0], {counted}),)"
-    env["_python_key"] = _define(
-        op,
+    # Every source is generated first and compiled as one batch (`code_cache`: read back from
+    # the per-user cache after the first process); then defined in order, each function's
+    # globals holding those defined before it.
+    generated = _Generated(op)
+    generated.add(
         "python_key",
         "_python_key",
         _guarded(
@@ -121,16 +125,12 @@ def build_entry_points(
             call,
             "\n        ".join(filter(None, (prelude, f"_vi_k = ({', '.join(key_parts)},)"))),
         ),
-        env,
     )
-    env["_needs_grad"] = _define(
-        op, "needs_grad", "_needs_grad", _guarded("_needs_grad", call, _needs_grad_expr(op), call), env
-    )
+    generated.add("needs_grad", "_needs_grad", _guarded("_needs_grad", call, _needs_grad_expr(op), call))
     key = f"_python_key(_vi_scope, {call})"
-    key_function = env["_python_key"]
     if lookup is not None:
         key = f"_compiled_key(_vi_scope, {call}) or {key}"
-        key_function = _define(op, "key", "_key", f"def _key(_vi_scope, {call}):\n    return {key}\n", env)
+        generated.add("key", "_key", f"def _key(_vi_scope, {call}):\n    return {key}\n")
     tails = {
         "functional": f"    _vi_d.calls += 1\n    return _vi_d.functional({call})\n",
         "maybe_inplace": (
@@ -148,25 +148,37 @@ def build_entry_points(
         "maybe_inplace": ("_torch_maybe_inplace", "_with_autograd"),
         "which": ("_kernel_choice", "_kernel_choice"),
     }
-    entries = []
-    for overload, head, runner in (
+    overloads = (
         ("default", "_op_self, ", "functional"),
         ("maybe_inplace", "", "maybe_inplace"),
         ("cached_dispatch", "_op_self, ", "which"),
-    ):
+    )
+    for overload, head, runner in overloads:
         traced, grad = reroutes[runner]
         if runner == "which":
             traced, grad = f"{traced}(({call},))", f"{grad}(({call},))"
         else:
             traced, grad = f"{traced}({call})", f"{grad}({call})"
         if lookup is None:
-            source = _python_path(op.name, head + signature, call, key, traced, grad, tails[runner])
-            entries.append(_define(op, overload, op.name, source, env))
+            generated.add(
+                overload, op.name, _python_path(op.name, head + signature, call, key, traced, grad, tails[runner])
+            )
             continue
-        source = _python_path(op.name, signature, call, key, traced, grad, tails[runner])
-        python_path = _define(op, f"{overload}.python", op.name, source, env)
-        source = _fast_path(op.name, head + signature, call, traced, tails[runner])
-        entries.append(_define(op, overload, op.name, source, dict(env, _python_path=python_path)))
+        generated.add(
+            f"{overload}.python", op.name, _python_path(op.name, signature, call, key, traced, grad, tails[runner])
+        )
+        generated.add(overload, op.name, _fast_path(op.name, head + signature, call, traced, tails[runner]))
+    generated.compile()
+    env["_python_key"] = generated.define("python_key", env)
+    env["_needs_grad"] = generated.define("needs_grad", env)
+    key_function = env["_python_key"] if lookup is None else generated.define("key", env)
+    entries = []
+    for overload, _head, _runner in overloads:
+        if lookup is None:
+            entries.append(generated.define(overload, env))
+        else:
+            python_path = generated.define(f"{overload}.python", env)
+            entries.append(generated.define(overload, dict(env, _python_path=python_path)))
     return EntryPoints(entries[0], entries[1], entries[2], key_function)
 
 
@@ -238,8 +250,32 @@ def _fast_path(name: str, signature: str, call: str, traced: str, tail: str) -> 
     )
 
 
-def _define(op: IrOp, what: str, fn_name: str, source: str, env: dict[str, Any]) -> Callable[..., Any]:
-    """Compile one generated function; ``what`` names it in tracebacks and profiles.
+class _Generated:
+    """The generated functions of one op, compiled as one batch and then defined one by one."""
+
+    def __init__(self, op: IrOp):
+        self.op = op
+        #: ``what`` -> (function name, file name, source), in the order added.
+        self.units: dict[str, tuple[str, str, str]] = {}
+        self.codes: dict[str, CodeType] = {}
+
+    def add(self, what: str, fn_name: str, source: str) -> None:
+        self.units[what] = (fn_name, f"<vllm_ir.ops.{self.op.name}.{what}>", source)
+
+    def compile(self) -> None:
+        batch = [(filename, source) for _fn_name, filename, source in self.units.values()]
+        self.codes = dict(zip(self.units, code_cache.compile_all(batch), strict=True))
+
+    def define(self, what: str, env: dict[str, Any]) -> Callable[..., Any]:
+        fn_name, _filename, source = self.units[what]
+        return _define(self.op, what, fn_name, source, env, self.codes[what])
+
+
+def _define(
+    op: IrOp, what: str, fn_name: str, source: str, env: dict[str, Any], code: CodeType | None = None
+) -> Callable[..., Any]:
+    """Define one generated function (compiled from ``source`` unless its ``code`` is given);
+    ``what`` names it in tracebacks and profiles.
 
     The source is registered with `linecache`, so tracebacks, ``inspect.getsource`` and
     debuggers show the generated code.
@@ -247,7 +283,7 @@ def _define(op: IrOp, what: str, fn_name: str, source: str, env: dict[str, Any])
     filename = f"<vllm_ir.ops.{op.name}.{what}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     namespace = dict(env)
-    exec(compile(source, filename, "exec"), namespace)
+    exec(code if code is not None else code_cache.compile_fresh(filename, source), namespace)
     fn = namespace[fn_name]
     fn.__qualname__ = op.name if what == "default" else f"{op.name}.{what}"
     fn.__doc__ = op.fn.__doc__

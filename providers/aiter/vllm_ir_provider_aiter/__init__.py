@@ -17,7 +17,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
-from vllm_ir.plugins.provider import import_families
+from vllm_ir.plugins.provider import define_custom_ops, import_families
 from vllm_ir_provider_aiter import ops
 
 __version__ = "0.1.0"
@@ -77,18 +77,20 @@ def fused_add_rms_norm_supports(
 
 
 SUPPORTED = availability()
+if SUPPORTED:  # elsewhere each custom op is defined on its first call (tests, with doubles)
+    define_custom_ops(ops)
 #: The registration surface of every family: unavailable with `availability`'s reason.
 AITER = Provider(PROVIDER, available=SUPPORTED)
 
 
 @AITER.impl("rms_norm", supports=rms_norm_supports)
 def rms_norm(x, weight, epsilon, variance_size=None):
-    return torch.ops.vllm_ir_aiter.rms_norm(x, weight, epsilon)
+    return ops.rms_norm(x, weight, epsilon)
 
 
 @AITER.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
-    return torch.ops.vllm_ir_aiter.fused_add_rms_norm(x, x_residual, weight, epsilon)
+    return ops.fused_add_rms_norm(x, x_residual, weight, epsilon)
 
 
 @vllm_ir.hookimpl(tryfirst=True)

@@ -77,7 +77,7 @@ def gelu_fast_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
 
 @AITER.impl("silu_and_mul", supports=lambda x: _on_gpu(x) and gated_rules(x))
 def silu_and_mul(x):
-    return torch.ops.vllm_ir_aiter.act_and_mul(x, "silu_and_mul")
+    return ops.act_and_mul(x, "silu_and_mul")
 
 
 @AITER.impl("gelu_and_mul", supports=gelu_and_mul_supports)
@@ -85,9 +85,9 @@ def gelu_and_mul(x, approximate="none"):
     function = _GELU_FUNCTIONS.get(approximate)
     if function is None:
         raise ValueError(f"gelu_and_mul (provider aiter): approximate must be 'none' or 'tanh', not {approximate!r}")
-    return torch.ops.vllm_ir_aiter.act_and_mul(x, function)
+    return ops.act_and_mul(x, function)
 
 
 @AITER.impl("gelu_fast", supports=gelu_fast_supports)
 def gelu_fast(x):
-    return torch.ops.vllm_ir_aiter.gelu_fast(x)
+    return ops.gelu_fast(x)

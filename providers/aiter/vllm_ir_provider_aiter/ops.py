@@ -28,7 +28,7 @@ import functools
 import torch
 from torch import Tensor
 
-from vllm_ir.plugins.provider import weight_or_ones
+from vllm_ir.plugins.provider import deferred_custom_op, weight_or_ones
 
 
 def _aiter():
@@ -43,7 +43,7 @@ def has_function(name: str) -> bool:
     return callable(getattr(_aiter(), name, None))
 
 
-@torch.library.custom_op("vllm_ir_aiter::rms_norm", mutates_args=())
+@deferred_custom_op("vllm_ir_aiter::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float) -> Tensor:
     rows = x.reshape(-1, x.shape[-1])  # a view: the predicate only admits inputs that flatten without a copy
     return _aiter().rmsnorm2d_fwd(rows, weight_or_ones(x, weight), epsilon).view(x.shape)
@@ -54,7 +54,7 @@ def _(x: Tensor, weight: Tensor | None, epsilon: float) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("vllm_ir_aiter::fused_add_rms_norm", mutates_args=())
+@deferred_custom_op("vllm_ir_aiter::fused_add_rms_norm", mutates_args=())
 def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float) -> tuple[Tensor, Tensor]:
     rows = x.reshape(-1, x.shape[-1])
     residual_rows = residual.reshape(-1, x.shape[-1])
@@ -82,7 +82,7 @@ def aligned(x: Tensor) -> Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
-@torch.library.custom_op("vllm_ir_aiter::act_and_mul", mutates_args=())
+@deferred_custom_op("vllm_ir_aiter::act_and_mul", mutates_args=())
 def act_and_mul(x: Tensor, function: str) -> Tensor:
     """``aiter.<function>(out, x)`` into a fresh ``out`` of shape ``[..., d]`` (x: ``[..., 2d]``)."""
     if function not in GATED_FUNCTIONS:
@@ -98,7 +98,7 @@ def _(x: Tensor, function: str) -> Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
-@torch.library.custom_op("vllm_ir_aiter::gelu_fast", mutates_args=())
+@deferred_custom_op("vllm_ir_aiter::gelu_fast", mutates_args=())
 def gelu_fast(x: Tensor) -> Tensor:
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if out.numel():
@@ -118,7 +118,7 @@ def fp8_dtype() -> torch.dtype:
     return _aiter().dtypes.fp8
 
 
-@torch.library.custom_op("vllm_ir_aiter::static_quant_fp8", mutates_args=())
+@deferred_custom_op("vllm_ir_aiter::static_quant_fp8", mutates_args=())
 def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, rows: int) -> Tensor:
     """``aiter.static_per_tensor_quant(out, x, scale)`` into the first ``x``'s rows of a fresh
     ``[rows, K]``-shaped (x's shape unless padded) ``out``; pad rows stay unwritten."""

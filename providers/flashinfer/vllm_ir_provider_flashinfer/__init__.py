@@ -28,6 +28,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
+from vllm_ir.plugins.provider import define_custom_ops
 from vllm_ir_provider_flashinfer import ops
 
 __version__ = "0.1.0"
@@ -109,6 +110,8 @@ def all_reduce_fused_add_rms_norm_supports(
 
 
 SUPPORTED = availability()
+if SUPPORTED:  # elsewhere each custom op is defined on its first call (tests, with doubles)
+    define_custom_ops(ops)
 #: The registration surface: unavailable with `availability`'s reason; the predicates read the
 #: group's size, which the decision key leaves out, so nothing is cached.
 FLASHINFER = Provider(PROVIDER, available=SUPPORTED, cacheable=False)
@@ -116,12 +119,12 @@ FLASHINFER = Provider(PROVIDER, available=SUPPORTED, cacheable=False)
 
 @FLASHINFER.impl("all_reduce_rms_norm", supports=all_reduce_rms_norm_supports)
 def all_reduce_rms_norm(x, weight, epsilon, group_name):
-    return torch.ops.vllm_ir_flashinfer.all_reduce_rms_norm(x, weight, epsilon, group_name)
+    return ops.all_reduce_rms_norm(x, weight, epsilon, group_name)
 
 
 @FLASHINFER.impl("all_reduce_fused_add_rms_norm", supports=all_reduce_fused_add_rms_norm_supports)
 def all_reduce_fused_add_rms_norm(x, x_residual, weight, epsilon, group_name):
-    return torch.ops.vllm_ir_flashinfer.all_reduce_fused_add_rms_norm(x, x_residual, weight, epsilon, group_name)
+    return ops.all_reduce_fused_add_rms_norm(x, x_residual, weight, epsilon, group_name)
 
 
 __all__ = ["ops"]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vllm_ir.plugins.provider import weight_or_ones
+from vllm_ir.plugins.provider import deferred_custom_op, weight_or_ones
 
 #: Token capacity of a first workspace (grown on demand; sized as vLLM sizes its default).
 MIN_TOKENS = 1024
@@ -92,7 +92,7 @@ def _fused(
     return norm_out.view(x.shape), residual_out.view(x.shape)
 
 
-@torch.library.custom_op("vllm_ir_flashinfer::all_reduce_fused_add_rms_norm", mutates_args=())
+@deferred_custom_op("vllm_ir_flashinfer::all_reduce_fused_add_rms_norm", mutates_args=())
 def all_reduce_fused_add_rms_norm(
     x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float, group_name: str
 ) -> tuple[Tensor, Tensor]:
@@ -104,7 +104,7 @@ def _(x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float, group_
     return torch.empty_like(x), torch.empty_like(x)
 
 
-@torch.library.custom_op("vllm_ir_flashinfer::all_reduce_rms_norm", mutates_args=())
+@deferred_custom_op("vllm_ir_flashinfer::all_reduce_rms_norm", mutates_args=())
 def all_reduce_rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, group_name: str) -> tuple[Tensor, Tensor]:
     return _fused(x, torch.zeros_like(x), weight, epsilon, group_name)
 

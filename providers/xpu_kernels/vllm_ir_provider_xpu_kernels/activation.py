@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_xpu_kernels import XPU, _on_xpu, _vendor_ops
+from vllm_ir.plugins.provider import deferred_custom_op
+from vllm_ir_provider_xpu_kernels import SUPPORTED, XPU, _on_xpu, _vendor_ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Vendor function -> whether it is gated ([..., 2d] -> [..., d]).
@@ -59,7 +60,7 @@ def vendor_name(function: str) -> str | None:
     return None
 
 
-@torch.library.custom_op("vllm_ir_xpu_kernels::activation", mutates_args=())
+@deferred_custom_op("vllm_ir_xpu_kernels::activation", mutates_args=())
 def activation(x: Tensor, function: str, params: list[float]) -> Tensor:
     """``torch.ops._C.<function>(out, x, *params)`` into a fresh ``out``."""
     if function not in FUNCTIONS:
@@ -79,6 +80,10 @@ def activation(x: Tensor, function: str, params: list[float]) -> Tensor:
 @activation.register_fake
 def _(x: Tensor, function: str, params: list[float]) -> Tensor:
     return _new_out(x, function)
+
+
+if SUPPORTED:  # elsewhere defined on its first call (tests, with doubles)
+    activation.define()
 
 
 def _new_out(x: Tensor, function: str) -> Tensor:
@@ -136,7 +141,7 @@ def _supports(x: Tensor, function: str) -> bool | vllm_ir.Unsupported:
 
 
 def _call(x: Tensor, function: str, *params: float) -> Tensor:
-    return torch.ops.vllm_ir_xpu_kernels.activation(x, function, [float(p) for p in params])
+    return activation(x, function, [float(p) for p in params])
 
 
 def gelu_and_mul_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
