@@ -11,12 +11,11 @@ the batch size or values.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from vllm_ir import Unsupported
+from vllm_ir.ir.declarations.rotary import inplace_kernel_verdict
 
 from ._extension import PROVIDER, STATUS, VLLM_C, devices, torch_op
 
@@ -29,61 +28,14 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 EAGER_FIRST = {platform: ("rotary_embedding",) for platform in ("cpu", "cuda")}
 
 
-def rotary_verdict(
-    positions: Tensor,
-    query: Tensor,
-    key: Tensor | None,
-    head_size: int,
-    cos_sin_cache: Tensor,
-    rotary_dim: int | None,
-    dtypes: tuple[torch.dtype, ...],
-    device_types: tuple[str, ...],
-) -> Unsupported | None:
-    """Why a rotary kernel that rotates [T, heads, head_size] views in place declines a call (None: it accepts)."""
-    if query.dtype not in dtypes:
-        return Unsupported(f"dtype {query.dtype} is not supported ({', '.join(str(d)[6:] for d in dtypes)})")
-    if query.device.type not in device_types:
-        return Unsupported(
-            f"device {query.device.type} is not supported (kernels built for: {', '.join(device_types)})"
-        )
-    if positions.dtype != torch.int64:
-        return Unsupported(f"positions are {positions.dtype} (the kernels read int64)")
-    if head_size <= 0:
-        return Unsupported(f"head_size {head_size} is not positive")
-    rot = cos_sin_cache.shape[-1] if rotary_dim is None and cos_sin_cache.dim() else rotary_dim
-    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] != rot:
-        return Unsupported(
-            f"cos_sin_cache of shape {list(cos_sin_cache.shape)} is not [max_position, rotary_dim={rot}]"
-        )
-    if rot % 2 or rot > head_size:
-        return Unsupported(f"rotary_dim {rot} is odd or exceeds head_size {head_size}")
-    if cos_sin_cache.dtype != query.dtype:
-        return Unsupported(
-            f"cos_sin_cache is {cos_sin_cache.dtype}, query {query.dtype} (the kernels read the cache in x's dtype)"
-        )
-    for name, t in (("positions", positions), ("cos_sin_cache", cos_sin_cache), ("key", key)):
-        if t is not None and t.device != query.device:
-            return Unsupported(f"{name} is on {t.device}, query on {query.device}")
-    for name, t in (("query", query), ("key", key)):
-        if t is None:
-            continue
-        if t.dtype != query.dtype:
-            return Unsupported(f"key is {t.dtype}, query {query.dtype}")
-        if t.dim() < 2:
-            return Unsupported(f"{name} is {t.dim()}-d (the kernels take [tokens, ...] with heads after the tokens)")
-        if math.prod(t.shape[1:]) % head_size:
-            return Unsupported(f"{name}'s per-token size {math.prod(t.shape[1:])} is not a multiple of head_size")
-        if t.stride(-1) != 1 and t.shape[-1] != 1:
-            return Unsupported(f"{name} has stride {t.stride(-1)} along the last dimension (the kernels need 1)")
-    return None
-
-
 _kernel = torch_op(STATUS, "rotary_embedding")
 ON = devices(STATUS)
 
 
 def supports(positions, query, key, head_size, cos_sin_cache, rotary_dim) -> bool | Unsupported:
-    verdict = rotary_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES, ON)
+    if query.device.type not in ON:
+        return Unsupported(f"device {query.device.type} is not supported (kernels built for: {', '.join(ON)})")
+    verdict = inplace_kernel_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES)
     return True if verdict is None else verdict
 
 
