@@ -2,9 +2,11 @@
 
 Target (issue 35): at most 100 ms on this machine, median of 5 fresh processes, bytecode cached.
 Each sample is a fresh interpreter that imports torch first, then times vllm_ir on top. One
-discarded warm-up process writes the bytecode first (``PYTHONDONTWRITEBYTECODE`` is dropped for
-the children, else every sample would compile vllm_ir's sources again), and the plugin variables
-that would block or skip providers are unset, so every installed provider is loaded.
+discarded warm-up process writes the bytecode and the generated functions' code cache first
+(``PYTHONDONTWRITEBYTECODE`` is dropped for the children, else every sample would compile
+vllm_ir's sources and generated functions again; `vllm_ir.ir.dispatch.code_cache`), and the
+plugin variables that would block or skip providers are unset, so every installed provider is
+loaded. One more, untimed, process counts the generated functions still compiled (0 when cached).
 
 Two figures per sample: as a script sees it, and with the cyclic-GC pass that ``import torch``
 leaves pending run first (untimed). After ``import torch`` (~180k objects) the next few thousand
@@ -32,6 +34,10 @@ import gc, json, sys, time
 settle = sys.argv[1] == "settle"
 t0 = time.perf_counter()
 import torch
+compiled = []
+if sys.argv[1] == "count":  # untimed: an audit hook sees every compile() of a generated function
+    sys.addaudithook(lambda event, args: event == "compile" and str(args[1]).startswith("<vllm_ir.ops.")
+                     and compiled.append(args[1]))
 torch_s = time.perf_counter() - t0
 if settle:
     gc.collect()
@@ -56,7 +62,7 @@ watched = ("numpy", "transformers", "triton", "matplotlib", "aiter", "vllm_xpu_k
            "intel_extension_for_pytorch", "flashinfer")
 heavy = sorted(m for m in watched if m in sys.modules and m not in before)
 print(json.dumps({"torch": torch_s, "import": t2 - t1, "discovery": t3 - t2, "cpu": c3 - c1,
-                  "full_gc": sum(full), "heavy": heavy,
+                  "full_gc": sum(full), "heavy": heavy, "compiled": len(compiled),
                   "providers": {r.name: r.status.value for r in records}}))
 """
 
@@ -105,6 +111,7 @@ def main() -> None:
         print(f"WARNING: in-repo providers not discovered (not installed?): {', '.join(missing)}")
     heavy = sorted({m for s in plain + settled for m in s["heavy"]})
     print(f"heavy modules first imported by vllm_ir: {', '.join(heavy) or 'none'}")
+    print(f"generated functions compiled by a fresh process (not in the code cache): {sample('count')['compiled']}")
 
     def ms(samples: list[dict[str, object]], key: str) -> float:
         return statistics.median(float(s[key]) for s in samples) * 1e3
