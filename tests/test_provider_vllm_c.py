@@ -83,15 +83,12 @@ def test_default_priority_puts_vllm_c_first_in_eager_mode_only():
         "rotary_embedding": ["vllm_c"],
     }
     # The core's CUDA and ROCm platforms name no provider: vllm_c states its place itself,
-    # for the ops whose kernels it has measured there (CUDA: every family, on an H200; ROCm:
-    # the norms only). On CUDA, not the ops with a row statistic or fused quant (no H200 figure).
+    # for the ops whose kernels it has measured there (CUDA: every family, on an H200), not on
+    # ROCm (no HIP kernels). On CUDA, not the ops with a row statistic or fused quant (no H200 figure).
     cpu_only = {"gelu_and_mul_sparse", *fused_quant}
     cuda = {op: p for op, p in contribution.items() if op not in cpu_only}
     assert provider.vllm_ir_default_priority(platforms.CUDA, "eager") == cuda
-    assert provider.vllm_ir_default_priority(platforms.ROCM, "eager") == {
-        "fused_add_rms_norm": ["vllm_c"],
-        "rms_norm": ["vllm_c"],
-    }
+    assert provider.vllm_ir_default_priority(platforms.ROCM, "eager") is None
     # Compiled, Inductor fuses native norms with their neighbours (benchmarks/compile_pipeline.py).
     for platform in (platforms.CPU, platforms.CUDA, platforms.ROCM):
         assert provider.vllm_ir_default_priority(platform, "compile") is None
