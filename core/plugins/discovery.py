@@ -18,6 +18,7 @@ first call sees the fully loaded providers. Each step is logged at DEBUG on the
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import re
 import warnings
@@ -379,8 +380,10 @@ def _core_requirement_problem(ep: metadata.EntryPoint) -> str | None:
     return None
 
 
+@functools.cache
 def _core_version() -> str | None:
-    """The installed core distribution's version (its metadata, as pip sees it); None if absent."""
+    """The installed core distribution's version (its metadata, as pip sees it); None if absent.
+    Read once: each lookup walks every distribution on sys.path, once per provider otherwise."""
     try:
         return metadata.version(CORE_DISTRIBUTION)
     except metadata.PackageNotFoundError:
