@@ -121,3 +121,66 @@ def test_every_streaming_cpu_variant_gives_natives_bits(variant):
     from tests.test_provider_vllm_c import verdict_in_variant
 
     assert verdict_in_variant(variant, _VARIANT_CHECK, str(Path(__file__).parent), timeout=300) == "ok"
+
+
+#: Row lengths for the in-cache kernels, which run pass 2 of a row inside pass 1 of the next,
+#: group by group of 32 values: no whole group (scalars, or whole 8-lane vectors only), whole
+#: groups with 1-3 vectors and a scalar tail after them, and the bench's hidden size.
+INTERLEAVED_LENGTHS = (3, 8, 31, 32, 33, 32 * 5 + 8 * 3 + 5, 4096)
+
+
+def check_interleaved_rows(threads: int) -> None:
+    """Many rows per task (one thread and two), rows at a stride (not contiguous), each weight
+    kind, out of place and in place: native's bits for every row, the first and last of a task
+    (which are not interleaved with a neighbour on one side) included."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for hidden in INTERLEAVED_LENGTHS:
+            for dtype, weight_dtype in CASES:
+                g = torch.Generator().manual_seed(hidden)
+                rows = max(9, 3 * 16384 // hidden)  # at least 3 tasks' worth of rows at 2 threads
+                wide = (4 * torch.randn(rows, hidden + 5, generator=g)).to(dtype)
+                x = wide[:, :hidden]  # row stride hidden + 5
+                residual = torch.randn(rows, hidden, generator=g).to(dtype)
+                w = None if weight_dtype is None else torch.randn(hidden, generator=g).to(weight_dtype)
+                where = (threads, hidden, dtype, weight_dtype)
+                out = torch.empty(rows, hidden, dtype=dtype)
+                torch.ops.vllm_ir_c.rms_norm(out, x, w, EPS)
+                assert same_bits(out, vllm_ir.ops.rms_norm.fn(x, w, EPS)), where
+                want_out, want_residual = vllm_ir.ops.fused_add_rms_norm.fn(x, residual, w, EPS)
+                out, residual_out = torch.empty_like(out), torch.empty_like(out)
+                torch.ops.vllm_ir_c.fused_add_rms_norm_out(out, residual_out, x, residual, w, EPS)
+                assert same_bits(out, want_out) and same_bits(residual_out, want_residual), where
+                xi, ri = x.clone(), residual.clone()
+                torch.ops.vllm_ir_c.fused_add_rms_norm(xi, ri, w, EPS)
+                assert same_bits(xi, want_out) and same_bits(ri, want_residual), where
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 2])
+def test_interleaved_rows_in_cache_give_natives_bits(threads):
+    check_interleaved_rows(threads)
+
+
+_INTERLEAVED_CHECK = """
+import sys, vllm_ir_provider_vllm_c as p
+sys.path.insert(0, sys.argv[1])
+import test_vllm_c_mixed_norms as t
+print(p.cpu_capability())
+t.check_interleaved_rows(1)
+t.check_interleaved_rows(2)
+print("ok")
+"""
+
+
+@needs_kernels
+@pytest.mark.subprocess
+@pytest.mark.parametrize("variant", ["DEFAULT", "AVX2", "AVX512"])
+def test_every_cpu_variant_interleaves_rows_with_natives_bits(variant):
+    """Each variant's vector width makes a group of 32 values 1, 2 or 4 steps (AVX512, AVX2, DEFAULT)."""
+    from tests.test_provider_vllm_c import verdict_in_variant
+
+    assert verdict_in_variant(variant, _INTERLEAVED_CHECK, str(Path(__file__).parent), timeout=300) == "ok"

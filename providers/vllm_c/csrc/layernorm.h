@@ -26,6 +26,9 @@ struct RmsNormArgs {
   // CPU: write `out` with non-temporal (cache-bypassing) stores, set where the call's activations
   // do not fit in the last-level cache (see stream_outputs); the CUDA kernels ignore it.
   bool stream_out = false;
+  // CPU: the call's activations fit in the last-level cache; its rows then run interleaved
+  // (cpu/layernorm.cpp). The CUDA kernels ignore it.
+  bool in_cache = false;
 };
 
 // For every row r, with s = input[r] + residual[r] in fp32:
@@ -48,6 +51,7 @@ struct FusedAddRmsNormArgs {
   int64_t hidden;
   float epsilon;
   bool stream_out = false;  // as RmsNormArgs, for `out` and `residual_out`; never in place
+  bool in_cache = false;    // as RmsNormArgs (in place too)
 };
 
 }  // namespace vllm_ir_c

@@ -116,10 +116,20 @@ inline RowSplit aten_row_split(int64_t rows, int64_t n) {
   return split;
 }
 
+// Work to interleave with a row's sum (see sum_of_squares_beside): none.
+struct NoSideWork {
+  void operator()(int64_t /*group*/) const {}
+};
+
+// The whole groups of a row of n values (those whose sums aten_group_sums adds).
+inline int64_t whole_groups(int64_t n) {
+  return n < kAtenLanes ? 0 : n / kAtenLanes / 4;
+}
+
 // The kAtenGroup partial-sum lanes of `groups` whole groups into p: add_step(d, a0, a1) adds
-// the kStep values from element d into a0, a1.
-template <typename AddStep>
-inline void aten_group_sums(int64_t groups, const AddStep& add_step, float* p) {
+// the kStep values from element d into a0, a1; side(g) runs after group g's adds.
+template <typename AddStep, typename Side = NoSideWork>
+inline void aten_group_sums(int64_t groups, const AddStep& add_step, float* p, const Side& side = {}) {
   constexpr int64_t kSteps = kAtenGroup / kStep;  // loads per group
   constexpr int64_t kVecs = 2 * kSteps;           // fp32 vectors per group
   constexpr int kLevels = 4;
@@ -144,6 +154,7 @@ inline void aten_group_sums(int64_t groups, const AddStep& add_step, float* p) {
     for (int64_t s = 0; s < kSteps; ++s) {
       add_step(g * kAtenGroup + s * kStep, level0[2 * s], level0[2 * s + 1]);
     }
+    side(g);
   };
   int64_t i = 0;
   while (i + span <= groups) {
@@ -172,9 +183,9 @@ inline void aten_group_sums(int64_t groups, const AddStep& add_step, float* p) {
   }
 }
 
-// ATen's sum of a row of n values (unsplit): value(d) is element d, add_step as above.
-template <typename AddStep, typename Value>
-inline float aten_row_sum(int64_t n, const AddStep& add_step, const Value& value) {
+// ATen's sum of a row of n values (unsplit): value(d) is element d, add_step and side as above.
+template <typename AddStep, typename Value, typename Side = NoSideWork>
+inline float aten_row_sum(int64_t n, const AddStep& add_step, const Value& value, const Side& side = {}) {
   if (n < kAtenLanes) {  // scalars: 4 partial sums, the rest into partial 0, then the partials
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int64_t quads = n / 4;
@@ -189,9 +200,9 @@ inline float aten_row_sum(int64_t n, const AddStep& add_step, const Value& value
     return ((p[0] + p[1]) + p[2]) + p[3];
   }
   const int64_t vectors = n / kAtenLanes;
-  const int64_t groups = vectors / 4;
+  const int64_t groups = whole_groups(n);
   alignas(64) float p[kAtenGroup];
-  aten_group_sums(groups, add_step, p);
+  aten_group_sums(groups, add_step, p, side);
   for (int64_t v = 4 * groups; v < vectors; ++v) {
     for (int64_t l = 0; l < kAtenLanes; ++l) {
       p[l] += value(v * kAtenLanes + l);
@@ -210,31 +221,34 @@ inline float aten_row_sum(int64_t n, const AddStep& add_step, const Value& value
   return total;
 }
 
+// The squares of a row's values from element `base` for aten_row_sum: add_step and value.
+template <typename Load, typename Scalar>
+inline auto squares_from(const Load& load, const Scalar& scalar, int64_t base) {
+  const auto add_step = [&load, base](int64_t d, fVec& a0, fVec& a1) {
+    auto [v0, v1] = load(base + d);
+    a0 = a0 + v0 * v0;
+    a1 = a1 + v1 * v1;
+  };
+  const auto value = [&scalar, base](int64_t d) {
+    const float v = scalar(base + d);
+    return v * v;
+  };
+  return std::make_pair(add_step, value);
+}
+
 // The sum of squares of a row of n values: load(d) gives the kStep values from element d as
 // two fp32 vectors, scalar(d) element d (both the fp32 values native squares: x, or x +
 // residual); `split` as aten_row_split gave it for the call.
 template <typename Load, typename Scalar>
 inline float sum_of_squares(int64_t n, const Load& load, const Scalar& scalar, const RowSplit& split = {}) {
-  const auto squares_from = [&](int64_t base) {
-    const auto add_step = [&, base](int64_t d, fVec& a0, fVec& a1) {
-      auto [v0, v1] = load(base + d);
-      a0 = a0 + v0 * v0;
-      a1 = a1 + v1 * v1;
-    };
-    const auto value = [&, base](int64_t d) {
-      const float v = scalar(base + d);
-      return v * v;
-    };
-    return std::make_pair(add_step, value);
-  };
   if (split.chunks <= 1) {
-    auto [add_step, value] = squares_from(0);
+    auto [add_step, value] = squares_from(load, scalar, 0);
     return aten_row_sum(n, add_step, value);
   }
   const int64_t chunk = (n + split.chunks - 1) / split.chunks;
   std::vector<float> sums(static_cast<size_t>(split.threads), 0.0f);
   for (int64_t t = 0; t < split.chunks && t * chunk < n; ++t) {
-    auto [add_step, value] = squares_from(t * chunk);
+    auto [add_step, value] = squares_from(load, scalar, t * chunk);
     sums[t] = 0.0f + aten_row_sum(std::min(chunk, n - t * chunk), add_step, value);
   }
   const auto add_sums = [&](int64_t d, fVec& a0, fVec& a1) {
@@ -242,6 +256,17 @@ inline float sum_of_squares(int64_t n, const Load& load, const Scalar& scalar, c
     a1 = a1 + fVec::loadu(sums.data() + d + fVec::size());
   };
   return aten_row_sum(split.threads, add_sums, [&](int64_t d) { return sums[d]; });
+}
+
+// The same sum of an unsplit row, with side(g) run after the adds of each whole group g (the
+// groups' elements [g * kAtenGroup, (g + 1) * kAtenGroup) for g < whole_groups(n)): work on
+// another row interleaved with this row's reduction. The sum's add chains wait on the adder's
+// latency; independent work (the previous row's normalization) fills those cycles, and the
+// adds happen in the same order, so the sum is the same.
+template <typename Load, typename Scalar, typename Side>
+inline float sum_of_squares_beside(int64_t n, const Load& load, const Scalar& scalar, const Side& side) {
+  auto [add_step, value] = squares_from(load, scalar, 0);
+  return aten_row_sum(n, add_step, value, side);
 }
 
 // The weight in fp32. A bf16/fp16 weight is widened once per chunk of rows (exactly: every
