@@ -12,6 +12,7 @@ import vllm_ir
 from tests.ops_for_tests import inplace_fused_add_rms_norm
 from vllm_ir.testing import (
     Case,
+    check_batch_invariance,
     check_cache_agreement,
     check_numerics,
     check_odd_input,
@@ -409,3 +410,28 @@ def test_fp8_dtype_argument_is_a_key_variation():
     args = static_quant.generate_inputs((3, 64), torch.bfloat16)
     labels = [label for label, _ in key_variations(static_quant, args)]
     assert "fp8_dtype: float8_e4m3fn -> float8_e4m3fnuz" in labels
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["full", "small"])
+@pytest.mark.parametrize(
+    ("wrong_from", "where"),
+    [(2, "batch of rows"), (38, "-token batch")],
+    ids=["any_batch_above_one", "only_the_larger_batch"],
+)
+def test_batch_dependent_rows_are_caught(small: bool, wrong_from: int, where: str):
+    """A kernel claiming batch_invariant=True whose rows change with the token count is caught,
+    also when only the larger batch (the one ``small`` shrinks) computes them differently."""
+
+    def variant(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        out = rms_norm.fn(x, weight, epsilon, variance_size)
+        return out * 1.001 if x.shape[0] >= wrong_from else out
+
+    op, impl = _register(f"kit_batch_variant_{wrong_from}_{int(small)}", variant, batch_invariant=True)
+    with pytest.raises(AssertionError, match=f"differs between a 37-token batch and .*{where}"):
+        check_batch_invariance(op, impl, torch.float32, "default", small=small)
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["full", "small"])
+def test_batch_invariant_kernel_passes(small: bool):
+    op, impl = _register(f"kit_batch_invariant_{int(small)}", batch_invariant=True)
+    assert check_batch_invariance(op, impl, torch.float32, "default", small=small) == "checked"
