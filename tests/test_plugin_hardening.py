@@ -368,9 +368,7 @@ def test_discovery_logs_every_step_at_debug(site, caplog):
     make_dist(site, "tp-log-broken", "raise ImportError('libvendor.so not found')\n")
     with caplog.at_level(logging.DEBUG, logger="vllm_ir.plugins"), pytest.warns(RuntimeWarning):
         vllm_ir.provider_records()
-    messages = [
-        r.getMessage() for r in caplog.records if r.name == "vllm_ir.plugins" and r.levelno == logging.DEBUG
-    ]
+    messages = [r.getMessage() for r in caplog.records if r.name == "vllm_ir.plugins" and r.levelno == logging.DEBUG]
 
     def logged(fragment):
         return any(fragment in m for m in messages)
@@ -467,3 +465,18 @@ def test_core_requirement_reads_as_packaging_does(line):
         expected = str(req.specifier) if applies else None
     got = plugins._core_specifier(line)
     assert (None if got is None else str(got)) == expected
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [">=0.1,<0.2", ">= 0.1", "<0.1", "==0.1", "==0.1.0", "!=0.1", ">0.1", "<=0.1.0", ">=0.1.1,!=0.2", "", "~=0.1",
+     "==0.*", ">=0.1a1", ">1!0.1"],
+)  # fmt: skip
+@pytest.mark.parametrize("version", ["0.1.0", "0.1", "0.1.1", "0.2.0", "0.0.9", "1.0", "0.1.0rc1", "0.1.0.post1"])
+def test_core_specifier_contains_as_packaging_does(spec, version):
+    """The plain-specifier fast path answers as packaging's SpecifierSet for every installed version."""
+    from packaging.specifiers import SpecifierSet
+
+    got = plugins._core_specifier(f"vllm-ir{spec}")
+    assert str(got) == str(SpecifierSet(spec))
+    assert got.contains(version, prereleases=True) == SpecifierSet(spec).contains(version, prereleases=True)

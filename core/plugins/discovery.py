@@ -404,10 +404,14 @@ def _core_specifier(line: str) -> Any:
         return None  # another distribution (what packaging would name it; an unreadable line is skipped too)
     rest = match[2].strip()
     if not any(c in rest for c in ";[@"):
+        text = rest[1:-1] if rest.startswith("(") and rest.endswith(")") else rest
+        plain = _PlainSpecifier.parse(text)
+        if plain is not None:
+            return plain
         from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
         try:
-            return SpecifierSet(rest[1:-1] if rest.startswith("(") and rest.endswith(")") else rest)
+            return SpecifierSet(text)
         except InvalidSpecifier:
             pass  # let packaging's full grammar decide
     from packaging.requirements import InvalidRequirement, Requirement
@@ -419,6 +423,50 @@ def _core_specifier(line: str) -> Any:
     if req.marker and not req.marker.evaluate({"extra": ""}):
         return None
     return req.specifier
+
+
+#: One clause of a plain specifier: a comparison with a release version (``>=0.1``).
+_PLAIN_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|<|>)\s*(\d+(?:\.\d+)*)\s*")
+_PLAIN_VERSION = re.compile(r"\d+(?:\.\d+)*")
+
+
+@dataclass(frozen=True)
+class _PlainSpecifier:
+    """``>=0.1,<0.2``-style specifiers read without importing ``packaging.specifiers`` (its
+    regexes cost ~18 ms of start-up), for what every provider declares. For a plain release
+    version (``0.1.0``) such clauses compare as packaging compares them (zero-padded release
+    tuples); anything else -- wildcards, ``~=``, pre/post/dev or local versions -- goes to
+    packaging (a test holds the two to the same answers)."""
+
+    clauses: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> _PlainSpecifier | None:
+        clauses = []
+        for part in text.split(",") if text.strip() else []:
+            match = _PLAIN_CLAUSE.fullmatch(part)
+            if match is None:
+                return None
+            clauses.append((match[1], match[2]))
+        return cls(tuple(clauses))
+
+    def contains(self, version: str, prereleases: bool = True) -> bool:
+        if _PLAIN_VERSION.fullmatch(version) is None:
+            from packaging.specifiers import SpecifierSet
+
+            return SpecifierSet(str(self)).contains(version, prereleases=prereleases)
+        have = _release(version)
+        tests = {">=": have.__ge__, "<=": have.__le__, "==": have.__eq__, "!=": have.__ne__, "<": have.__lt__}
+        return all(tests.get(op, have.__gt__)(_release(v)) for op, v in self.clauses)
+
+    def __str__(self) -> str:
+        return ",".join(sorted(op + v for op, v in self.clauses))
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``0.1`` -> ``(0, 1, 0, ...)``: zero-padded, so ``0.1 == 0.1.0`` as packaging has it."""
+    parts = [int(p) for p in version.split(".")]
+    return tuple(parts + [0] * (16 - len(parts)))
 
 
 def _fail(name: str, status: ProviderStatus, reason: str, exc: BaseException | None = None) -> None:
