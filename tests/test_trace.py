@@ -703,7 +703,12 @@ def test_the_compiled_recorder_agrees_with_threads_sharing_one_trace_and_with_th
         context = contextvars.copy_context()
         context.run(t.__enter__)
 
+        # All three live at once: a thread that ended could hand its id to the next one, and
+        # events are told apart by thread id.
+        started = threading.Barrier(3)
+
         def work(k: int) -> None:
+            started.wait()
             for i in range(200):
                 ops.rms_norm(torch.empty(k + 1 + i % 2, 64), W, 1e-6)
 
