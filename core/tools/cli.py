@@ -684,6 +684,19 @@ def _doctor_parser(sub: Any) -> None:
     )
 
 
+def _measuring_arguments(parser: Any, ops_help: str, tokens_help: str) -> None:
+    """What bench and tune measure: ops, providers, dtypes and token counts."""
+    parser.add_argument("ops", nargs="*", help=ops_help)
+    parser.add_argument("--providers", type=comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
+    parser.add_argument(
+        "--dtype",
+        type=parse_dtypes,
+        default=None,
+        help=f"activation dtypes, comma-separated: {DTYPE_HELP} (default: float32,bfloat16)",
+    )
+    parser.add_argument("--tokens", type=positive_int_list, default=None, help=tokens_help)
+
+
 def _bench_parser(sub: Any) -> None:
     bench = add_verb(
         sub,
@@ -693,15 +706,7 @@ def _bench_parser(sub: Any) -> None:
         json_flag=False,
         table=False,
     )
-    bench.add_argument("ops", nargs="*", help="ops to measure (default: all)")
-    bench.add_argument("--providers", type=comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
-    bench.add_argument(
-        "--dtype",
-        type=parse_dtypes,
-        default=None,
-        help=f"activation dtypes, comma-separated: {DTYPE_HELP} (default: float32,bfloat16)",
-    )
-    bench.add_argument("--tokens", type=positive_int_list, default=None, help="e.g. 1,16,256,4096")
+    _measuring_arguments(bench, "ops to measure (default: all)", "e.g. 1,16,256,4096")
     bench.add_argument("--hidden", type=positive_int, default=None, help="hidden size (default: 4096; --model: 1024)")
     bench.add_argument(
         "--model",
@@ -761,16 +766,10 @@ def _tune_parser(sub: Any) -> None:
         json_flag=False,
         table=False,
     )
-    tune.add_argument("ops", nargs="*", help="ops to tune (default: every op with a provider besides native)")
-    tune.add_argument("--providers", type=comma_list, default=None, help="only these providers, e.g. vllm_c,aten")
-    tune.add_argument(
-        "--dtype",
-        type=parse_dtypes,
-        default=None,
-        help=f"activation dtypes, comma-separated: {DTYPE_HELP} (default: float32,bfloat16)",
-    )
-    tune.add_argument(
-        "--tokens", type=positive_int_list, default=None, help="token counts (default 1,16,256,4096; --quick 1,16,256)"
+    _measuring_arguments(
+        tune,
+        "ops to tune (default: every op with a provider besides native)",
+        "token counts (default 1,16,256,4096; --quick 1,16,256)",
     )
     tune.add_argument("--hidden", type=positive_int, default=None, help="hidden size (default: 4096)")
     tune.add_argument(
