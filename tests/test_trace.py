@@ -181,6 +181,19 @@ def test_json_and_chrome_exports(tmp_path):
     assert events[0]["ts"] <= events[1]["ts"]
 
 
+def test_a_trace_read_back_says_how_many_calls_it_kept():
+    """`vllm-ir trace` merges the traces its processes wrote; their kept calls count as kept."""
+    whole, cut = vllm_ir.trace(), vllm_ir.trace(max_events=2)
+    for t in (whole, cut):
+        with t:
+            for n in (1, 2, 3):
+                ops.rms_norm(torch.randn(n, 64), W, 1e-6)
+    back, back_cut = tracing.Trace.from_dict(whole.to_dict()), tracing.Trace.from_dict(cut.to_dict())
+    assert back.calls == back_cut.calls == 3
+    assert len(back.to_dict()["events"]) == 3 and "kept one by one" not in back.summary()
+    assert len(back_cut.to_dict()["events"]) == 2 and "the last 2 kept one by one" in back_cut.summary()
+
+
 def test_an_unwritable_export_path_is_a_clear_error_and_the_trace_survives(tmp_path):
     with vllm_ir.trace() as t:
         ops.rms_norm(X, W, 1e-6)

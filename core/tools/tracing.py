@@ -258,9 +258,9 @@ class Trace:
         return [self._event_json(e) for e in merged[max(0, len(merged) - self.max_events) :]]
 
     def _kept(self) -> int:
-        """How many calls are kept one by one."""
+        """How many calls are kept one by one (those read back from other traces included)."""
         compiled = 0 if self._recorder is None else self._recorder.kept
-        return min(self.max_events, len(self._events) + compiled)
+        return len(self._imported_events) + min(self.max_events, len(self._events) + compiled)
 
     def _event_json(self, e: tuple[Any, ...]) -> dict[str, Any]:
         start, duration, key, shapes, tokens, module, thread = e
