@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import operator
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -428,6 +429,15 @@ def _core_specifier(line: str) -> Any:
 #: One clause of a plain specifier: a comparison with a release version (``>=0.1``).
 _PLAIN_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|<|>)\s*(\d+(?:\.\d+)*)\s*")
 _PLAIN_VERSION = re.compile(r"\d+(?:\.\d+)*")
+#: Each plain clause's comparison, of the installed release against the clause's.
+_COMPARE = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    ">": operator.gt,
+}
 
 
 @dataclass(frozen=True)
@@ -456,8 +466,7 @@ class _PlainSpecifier:
 
             return SpecifierSet(str(self)).contains(version, prereleases=prereleases)
         have = _release(version)
-        tests = {">=": have.__ge__, "<=": have.__le__, "==": have.__eq__, "!=": have.__ne__, "<": have.__lt__}
-        return all(tests.get(op, have.__gt__)(_release(v)) for op, v in self.clauses)
+        return all(_COMPARE[op](have, _release(v)) for op, v in self.clauses)
 
     def __str__(self) -> str:
         return ",".join(sorted(op + v for op, v in self.clauses))
