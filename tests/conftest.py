@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import vllm_ir
+from tests import python_child
 from vllm_ir.ir import registry
 from vllm_ir.plugins import discovery as plugins
 
@@ -171,12 +172,19 @@ def _audited_popen(self, args, *rest, **kwargs):
     _popen_init(self, args, *rest, **kwargs)
 
 
+def _on_child() -> None:
+    """Notes a child forked off tests/python_child.py's warm interpreter."""
+    if _current:
+        _current[-1].add("subprocess")
+
+
 def _on_compile(*_args, **_kwargs):
     if _current:
         _current[-1].add("compile")
 
 
 subprocess.Popen.__init__ = _audited_popen
+python_child.ON_CHILD.append(_on_child)
 try:
     from torch._dynamo.callback import callback_handler
 

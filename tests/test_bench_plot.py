@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from dataclasses import asdict
 from importlib.util import find_spec
 
 import pytest
 
+from tests.python_child import run_python
 from tests.test_cli import run
 from vllm_ir.tools import bench, model_bench
 
@@ -281,7 +281,7 @@ print(model_bench.profile_step(layer, lambda: layer(x))["norm_act_share"])
 def test_bench_model_profiling_keeps_kinetos_usdt_lines_off_stderr():
     """Torch's Kineto printed ``USDT: ... profiler_start`` / ``profiler_stop`` on every profile."""
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
-    result = subprocess.run([sys.executable, "-c", PROFILE], capture_output=True, text=True, env=env, timeout=120)
+    result = run_python(["-c", PROFILE], env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "USDT" not in result.stderr and "profiler_start" not in result.stderr, result.stderr
 

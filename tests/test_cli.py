@@ -1,4 +1,8 @@
-"""The vllm-ir CLI in a real subprocess, with a broken provider installed beside the good ones."""
+"""The vllm-ir CLI in a child interpreter, with a broken provider installed beside the good ones.
+
+Each call is a new process (forked from a warm interpreter, see tests/python_child.py): discovery,
+entry points and settings are read from scratch, as a user's shell call reads them.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import torch
 
 import vllm_ir
 from tests.plugin_dists import GOOD_IMPL, make_dist
+from tests.python_child import run_python
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +46,7 @@ def run(site: Path, *args: str, env: dict[str, str] | None = None) -> subprocess
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
     full_env["PYTHONPATH"] = os.pathsep.join([str(site), full_env.get("PYTHONPATH", "")])
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_ir", *args], capture_output=True, text=True, env=full_env, timeout=120
-    )
+    return run_python(["-m", "vllm_ir", *args], env=full_env, timeout=120)
 
 
 def test_help_works_with_a_broken_provider_installed(site):
@@ -313,7 +316,7 @@ def test_set_priority_naming_a_provider_unsupported_here_warns_as_the_environmen
     make_dist(tmp_path, "tp-cli-acme", UNSUPPORTED_HERE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
     env["PYTHONPATH"] = _with(site, tmp_path)["PYTHONPATH"]
-    code = subprocess.run([sys.executable, "-c", SET_PRIORITY_ABSENT], capture_output=True, text=True, env=env)
+    code = run_python(["-c", SET_PRIORITY_ABSENT], env=env)
     warned_line, *doctor = code.stdout.splitlines()
     (warned,) = json.loads(warned_line)
     expected = "provider 'tp_cli_acme' for op 'rms_norm' is unsupported here (no Acme accelerator is visible)"

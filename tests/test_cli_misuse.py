@@ -1,7 +1,7 @@
 """Misusing the CLI gets one line on stderr naming the argument and the accepted values, never a traceback.
 
 Exit code 2 for a usage error (including an argument this machine cannot honour), 1 for a
-failure. Real subprocess runs, as tests/test_cli.py does.
+failure. Child interpreters, as tests/test_cli.py runs them.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import torch
 
 import vllm_ir
 from tests.plugin_dists import GOOD_IMPL, isolated_site, make_dist
+from tests.python_child import run_python
 from tests.test_cli import run
 from vllm_ir import ConfigError, ConfigWarning, ProviderStatus
 from vllm_ir.settings import env
@@ -200,10 +201,8 @@ print("chosen", vllm_ir.ops.rms_norm.dispatch(x, w, 1e-6).provider)
 
 @pytest.mark.subprocess
 def test_op_calls_with_a_malformed_environment_warn_once_and_run():
-    result = subprocess.run(
-        [sys.executable, "-c", IMPLICIT],
-        capture_output=True,
-        text=True,
+    result = run_python(
+        ["-c", IMPLICIT],
         timeout=120,
         env={
             **_clean_environ(),
@@ -228,16 +227,14 @@ def test_a_provider_absent_here_is_a_warning_once_and_a_note_in_doctor():
     """``rms_norm=triton`` on a CPU machine: kept (shown as unsupported), said once, not a problem."""
     environ = {k: v for k, v in _clean_environ().items() if k != "TRITON_INTERPRET"}  # Triton unsupported here
     environ["VLLM_IR_OP_PRIORITY"] = "rms_norm=triton"
-    result = subprocess.run([sys.executable, "-c", IMPLICIT], capture_output=True, text=True, timeout=300, env=environ)
+    result = run_python(["-c", IMPLICIT], env=environ)
     assert result.returncode == 0, result.stderr
     # (a shipped tuning table measured on another CPU may warn too: only the priority's warnings count)
     (warned,) = [
         line for line in result.stderr.splitlines() if "ConfigWarning" in line and "VLLM_IR_OP_PRIORITY" in line
     ]
     assert "VLLM_IR_OP_PRIORITY: provider 'triton' for op 'rms_norm' is unsupported here" in warned
-    doctor = subprocess.run(
-        [sys.executable, "-m", "vllm_ir", "doctor", "--json"], capture_output=True, text=True, timeout=300, env=environ
-    )
+    doctor = run_python(["-m", "vllm_ir", "doctor", "--json"], env=environ)
     report = json.loads(doctor.stdout)
     assert not [p for p in report["problems"] if p["setting"] == "VLLM_IR_OP_PRIORITY"]
     (note,) = [n for n in report["not_for_this_machine"] if n["setting"] == "VLLM_IR_OP_PRIORITY"]
@@ -350,9 +347,7 @@ def test_doctor_knows_the_variables_plugins_declare():
     if not {"vllm_c", "oot_example"} <= records:
         pytest.skip("providers/vllm_c and examples/oot_platform are installed by scripts/setup.sh")
     environ = {**_clean_environ(), "VLLM_IR_C_TABLES": "1", "VLLM_IR_OOT_PLATFORM": "0", "VLLM_IR_FALBACK": "warn"}
-    doctor = subprocess.run(
-        [sys.executable, "-m", "vllm_ir", "doctor", "--json"], capture_output=True, text=True, timeout=300, env=environ
-    )
+    doctor = run_python(["-m", "vllm_ir", "doctor", "--json"], env=environ)
     settings = {p["setting"] for p in json.loads(doctor.stdout)["problems"]}
     assert "VLLM_IR_FALBACK" in settings  # a real misspelling still is one
     assert not settings & {"VLLM_IR_C_TABLES", "VLLM_IR_OOT_PLATFORM"}

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vllm_ir
 from tests.ops_for_tests import rms_norm_impl
+from tests.python_child import run_python
 from vllm_ir.ir import torch_library
 from vllm_ir.ir.dispatch import decision_cache, fast_lookup, selection
 from vllm_ir.ir.dispatch import entry_points as dispatch
@@ -279,13 +279,7 @@ def test_bad_arguments_get_the_python_error_through_the_compiled_path(picky_prov
 
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "VLLM_IR_DISABLE_PLUGIN_AUTOLOAD": "1", **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_python(["-c", code], env={**os.environ, "VLLM_IR_DISABLE_PLUGIN_AUTOLOAD": "1", **env}, timeout=120)
 
 
 @needs_extension
@@ -310,12 +304,10 @@ def test_an_extension_built_for_another_torch_is_refused_and_python_runs():
 def test_the_pure_python_path_passes_the_dispatch_tests():
     """VLLM_IR_FAST_LOOKUP=0 (or no extension) must behave identically: run the suites again."""
     tests = ["tests/test_dispatch.py", "tests/test_semantics.py", "tests/test_priority.py", __file__]
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not pure_python", *tests],
+    result = run_python(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not pure_python", *tests],
         cwd=ROOT,
         env={**os.environ, "VLLM_IR_FAST_LOOKUP": "0"},
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""``pytest --vllm-ir-conformance`` as a vendor runs it: real pytest subprocesses, real provider distributions.
+"""``pytest --vllm-ir-conformance`` as a vendor runs it: pytest in child interpreters, real provider distributions.
 
 A run that verified nothing fails unless ``--vllm-ir-allow-skip``; a mistyped provider lists the
 known ones; the summary's worst case includes failed cases; ``--vllm-ir-report`` writes JSON.
@@ -10,13 +10,13 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.plugin_dists import make_dist
+from tests.python_child import run_python
 
 ACME = """
 import vllm_ir
@@ -105,13 +105,8 @@ def kit(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
     # The repo's providers stay out: fast.
     env["VLLM_IR_PROVIDERS"] = ",".join(["tp_kit_acme", "tp_kit_wrong", "tp_kit_picky", "tp_kit_entry", *BROKEN])
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--vllm-ir-conformance", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=600,
+    return run_python(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--vllm-ir-conformance", *args], env=env, cwd=cwd, timeout=600
     )
 
 

@@ -10,14 +10,13 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import vllm_ir
+from tests.python_child import run_python
 from tests.test_cli import run
 
 DOUBLE = Path(__file__).parent / "vendor_doubles" / "oink_double"
@@ -61,7 +60,7 @@ def test_discovery_never_imports_oink_even_where_it_is_importable():
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_IR_")}
     # The double is importable, as Oink would be on a Blackwell machine.
     environ["PYTHONPATH"] = os.pathsep.join([str(DOUBLE), os.environ.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=300)
+    result = run_python(["-c", code], env=environ)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 

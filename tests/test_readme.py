@@ -39,8 +39,6 @@ import io
 import os
 import re
 import shlex
-import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -48,6 +46,7 @@ import pytest
 import torch
 
 import vllm_ir
+from tests.python_child import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -117,9 +116,7 @@ def test_python_block_runs(where, line, code, tmp_path):
     if lacking:
         pytest.skip(f"{where}:{line} needs {', '.join(lacking)}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_IR_", "VLLM_BATCH"))}
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
-    )
+    result = run_python(["-c", code], cwd=tmp_path, env=env, timeout=600)
     assert result.returncode == 0, f"{where}:{line} failed:\n{result.stderr[-3000:]}"
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 import vllm_ir
+from tests.python_child import run_python
 from vllm_ir.ir import tuning
 from vllm_ir.ir.declarations.fused_quant import FUSED_QUANT_OPS
 
@@ -36,7 +35,7 @@ def _clean_env() -> dict[str, str]:
 
 
 def _installed() -> dict:
-    done = subprocess.run([sys.executable, "-c", _INSTALLED], env=_clean_env(), capture_output=True, text=True)
+    done = run_python(["-c", _INSTALLED], env=_clean_env())
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -88,9 +87,7 @@ for name in {FUSED_QUANT!r}:
             out[f"{{name}} {{dtype}} T={{t}}"] = [op.dispatch(*args).provider, first.layer.name]
 print(json.dumps(out))
 """
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=_clean_env(), capture_output=True, text=True, timeout=300
-    )
+    result = run_python(["-c", script], env=_clean_env())
     assert result.returncode == 0, result.stderr[-3000:]
     chosen = json.loads(result.stdout.splitlines()[-1])
     wrong = {case: got for case, got in chosen.items() if got[0] != "vllm_c"}

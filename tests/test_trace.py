@@ -17,11 +17,12 @@ import torch
 from torch import nn
 
 import vllm_ir
+from tests.python_child import run_python
 from vllm_ir.ir import priority
 from vllm_ir.tools import tracing
 
 ops = vllm_ir.ops
-CLI = (sys.executable, "-m", "vllm_ir")
+CLI = ("-m", "vllm_ir")  # run_python's arguments
 X = torch.randn(8, 64)
 W = torch.rand(64) + 0.5
 
@@ -34,9 +35,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _python(code: str, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=_env(**extra), capture_output=True, text=True, timeout=300
-    )
+    return run_python(["-c", textwrap.dedent(code)], env=_env(**extra))
 
 
 @pytest.fixture
@@ -377,13 +376,7 @@ def test_reference_mode_from_the_environment_pins_compiled_graphs_too():
         print(vllm_ir.passes.record_of(f).selected_impls)
         print(vllm_ir.ops.rms_norm.cached_dispatch(torch.randn(4, 64), torch.ones(64), 1e-6).provider)
     """
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=_env(VLLM_IR_REFERENCE="1", PYTHONPATH=os.getcwd()),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_python(["-c", textwrap.dedent(code)], env=_env(VLLM_IR_REFERENCE="1", PYTHONPATH=os.getcwd()))
     assert out.returncode == 0, out.stderr
     selected, eager = out.stdout.strip().splitlines()[-2:]
     assert "'native'" in selected and "opaque" not in selected and eager == "native"
@@ -391,13 +384,7 @@ def test_reference_mode_from_the_environment_pins_compiled_graphs_too():
 
 @pytest.mark.subprocess
 def test_doctor_reports_reference_mode_and_a_malformed_trace_variable():
-    out = subprocess.run(
-        [*CLI, "doctor", "--json"],
-        env=_env(VLLM_IR_REFERENCE="1", VLLM_IR_TRACE="sometimes"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_python([*CLI, "doctor", "--json"], env=_env(VLLM_IR_REFERENCE="1", VLLM_IR_TRACE="sometimes"))
     report = json.loads(out.stdout)
     assert report["reference_mode"] == "pinned to native by VLLM_IR_REFERENCE=1"
     assert report["tracing"]["process"] is False
@@ -443,26 +430,16 @@ def test_vllm_ir_trace_runs_a_script_and_writes_files_after_the_summary(tmp_path
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     json_file, bad = tmp_path / "t.json", tmp_path / "missing" / "c.json"
-    out = subprocess.run(
-        [*CLI, "trace", "--json", str(json_file), "--chrome", str(bad), "--", sys.executable, str(script)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = run_python(
+        [*CLI, "trace", "--json", str(json_file), "--chrome", str(bad), "--", sys.executable, str(script)], env=_env()
     )
     assert out.returncode == 1  # the Chrome file could not be written
     assert "1 process(es) traced" in out.stdout and "vllm-ir trace: 5 eager calls" in out.stdout
     assert f"could not write the Chrome trace to {str(bad)!r}" in out.stderr
     assert json.loads(json_file.read_text())["calls"] == 5
-    empty = subprocess.run([*CLI, "trace"], env=_env(), capture_output=True, text=True, timeout=300)
+    empty = run_python([*CLI, "trace"], env=_env())
     assert empty.returncode == 2 and "give the command to trace" in empty.stderr
-    failing = subprocess.run(
-        [*CLI, "trace", "--", sys.executable, "-c", "raise SystemExit(3)"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    failing = run_python([*CLI, "trace", "--", sys.executable, "-c", "raise SystemExit(3)"], env=_env())
     assert failing.returncode == 3 and "nothing was traced" in failing.stderr
 
 
