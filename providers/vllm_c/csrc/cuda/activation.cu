@@ -224,28 +224,6 @@ __global__ void elementwise_kernel(ElementwiseArgs a, Fn fn) {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-constexpr int kVecPack = 16 / sizeof(T);
-
-bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
-
-bool rows_aligned(const void* data, const RowLayout& rows, int64_t elem_bytes, int64_t bytes) {
-  if (!aligned(data, bytes)) {
-    return false;
-  }
-  if (rows.row_stride >= 0) {
-    return rows.row_stride * elem_bytes % bytes == 0;
-  }
-  for (int32_t d = 0; d < rows.batch_dims; ++d) {
-    if (rows.strides[d] * elem_bytes % bytes != 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
 template <typename T, typename Act>
 void launch_act_and_mul(const GatedArgs& a, Act act, bool gate_first, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.rows));

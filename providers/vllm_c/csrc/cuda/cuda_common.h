@@ -1,6 +1,6 @@
-// Device-side helpers shared by the csrc/cuda/*.cu kernels: rounding to a dtype, vector packs,
-// and warp/block reductions. Each .cu includes this inside no namespace; the helpers are inline
-// device functions, so every translation unit gets its own copy (no relocatable device code).
+// Helpers shared by the csrc/cuda/*.cu kernels: rounding to a dtype, vector packs and their
+// alignment checks, and warp/block reductions. Each .cu includes this inside no namespace; the
+// helpers are inline, so every translation unit gets its own copy (no relocatable device code).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +27,31 @@ namespace vllm_ir_c {
 namespace cuda_common {
 
 constexpr int kWarp = 32;
+
+// Elements of T in one 16-byte vector load or store.
+template <typename T>
+constexpr int kVecPack = 16 / sizeof(T);
+
+// Whether `p` is a multiple of `bytes`.
+inline bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+// Whether every row of `rows` over `data` starts on a multiple of `bytes`.
+inline bool rows_aligned(const void* data, const RowLayout& rows, int64_t elem_bytes, int64_t bytes) {
+  if (!aligned(data, bytes)) {
+    return false;
+  }
+  if (rows.row_stride >= 0) {
+    return rows.row_stride * elem_bytes % bytes == 0;
+  }
+  for (int32_t d = 0; d < rows.batch_dims; ++d) {
+    if (rows.strides[d] * elem_bytes % bytes != 0) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // Threads for a block that walks a row of `hidden` elements: whole warps, at most `max_threads`.
 inline int threads_for(int64_t hidden, int64_t max_threads = 256) {

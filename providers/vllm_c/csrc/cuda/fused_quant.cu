@@ -162,8 +162,6 @@ void silu_and_mul_group_fp8_quant_cuda(at::Tensor& out, at::Tensor& scales, cons
                          group_size, use_ue8m0);
 }
 
-#undef VLLM_IR_C_CUDA_FP8_DISPATCH
-
 }  // namespace
 }  // namespace vllm_ir_c
 

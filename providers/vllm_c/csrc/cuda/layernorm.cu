@@ -130,29 +130,7 @@ __global__ void fused_add_rms_norm_kernel(FusedAddRmsNormArgs a) {
   }
 }
 
-bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
-
-bool rows_aligned(const void* data, const RowLayout& rows, int64_t elem_bytes, int64_t bytes) {
-  if (!aligned(data, bytes)) {
-    return false;
-  }
-  if (rows.row_stride >= 0) {
-    return rows.row_stride * elem_bytes % bytes == 0;
-  }
-  for (int32_t d = 0; d < rows.batch_dims; ++d) {
-    if (rows.strides[d] * elem_bytes % bytes != 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // 16-byte packs when every row start and the weight allow it, else one element at a time.
-template <typename T>
-constexpr int kVecPack = 16 / sizeof(T);
-
 template <typename T>
 bool can_vectorize(int64_t hidden, const void* weight, std::initializer_list<std::pair<const void*, RowLayout>> rows) {
   if (hidden % kVecPack<T> != 0 || (weight != nullptr && !aligned(weight, 16))) {

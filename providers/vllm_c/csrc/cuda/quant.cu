@@ -195,8 +195,6 @@ void dynamic_group_quant_fp8_cuda(at::Tensor& out, at::Tensor& scales, const at:
                   });
 }
 
-#undef VLLM_IR_C_CUDA_FP8_DISPATCH
-
 }  // namespace
 }  // namespace vllm_ir_c
 
