@@ -229,7 +229,6 @@ def test_a_provider_absent_here_is_a_warning_once_and_a_note_in_doctor():
     environ["VLLM_IR_OP_PRIORITY"] = "rms_norm=triton"
     result = run_python(["-c", IMPLICIT], env=environ)
     assert result.returncode == 0, result.stderr
-    # (a shipped tuning table measured on another CPU may warn too: only the priority's warnings count)
     (warned,) = [
         line for line in result.stderr.splitlines() if "ConfigWarning" in line and "VLLM_IR_OP_PRIORITY" in line
     ]

@@ -144,6 +144,27 @@ def test_a_table_measured_on_other_machine_facts_is_ignored_with_the_reason(two_
     assert _chosen(4) == "tp_tune_a"
 
 
+def test_a_shipped_table_of_another_machine_is_a_quiet_note_and_a_site_table_warns(two_kernels, tmp_path, monkeypatch):
+    """A provider ships tables for the machines it was measured on: elsewhere that is normal, so
+    no warning at every start-up; a table the site named (VLLM_IR_TUNING) is a mistake worth one."""
+    other = table(tmp_path / "other.json", [entry(["tp_tune_a"])], isa="SVE256")
+    ships = tuning.Facts("cpu", {}, (("provider tp_tune_a (tp-tune-a 1.0)", str(other)),))
+    for shipped, facts in ((True, ships), (False, tuning.Facts("cpu", {}, ()))):
+        monkeypatch.delenv("VLLM_IR_TUNING", raising=False)
+        if not shipped:
+            monkeypatch.setenv("VLLM_IR_TUNING", str(other))
+        with discovery_answering(tuning_facts=lambda facts=facts: facts):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                vllm_ir.reload_env()
+                tuning.reload()
+                assert _chosen(4) == "native"
+            warned = [str(w.message) for w in caught if "entries are ignored here" in str(w.message)]
+            assert len(warned) == (0 if shipped else 1), warned
+            notes = [f.message for f in vllm_ir.settings.env.findings() if f.here_only]
+            assert any(str(other) in n and "measured on cpu SVE256" in n for n in notes), notes
+
+
 def test_an_entry_measured_with_another_provider_version_is_ignored(two_kernels, tmp_path, monkeypatch):
     with discovery_answering(tuning_facts=lambda: tuning.Facts("cpu", {"tp_tune_a": "2.0", "tp_tune_b": "1.0"}, ())):
         path = table(tmp_path / "t.json", [entry(["tp_tune_a"], 1, 8), entry(["tp_tune_b"], 8)],

@@ -211,7 +211,9 @@ def _build() -> _Layer:
         facts = (registry.discovery().tuning_facts or _no_facts)()
         here = machine_facts(facts.platform)
         findings: list[Finding] = []
+        quiet: list[Finding] = []  # doctor's notes that warn nobody (see below)
         tables: list[TuningTable] = []
+        shipped = {path for _origin, path in facts.shipped}
         for origin, path in site_tables() + list(facts.shipped):
             table, problems = read_table(path, origin)
             findings += problems
@@ -223,7 +225,10 @@ def _build() -> _Layer:
         for table in tables:
             mismatch = machine_mismatch(table.machine, here)
             if mismatch:
-                findings.append(
+                # A provider ships tables for the machines its authors measured: on any other
+                # machine that is the normal state, nothing to warn about at every start-up
+                # (doctor still notes it). A table the site named itself warns.
+                (quiet if table.path in shipped else findings).append(
                     Finding(
                         f"tuning table {table.path}",
                         f"tuning table {table.path} ({table.origin}): measured on {mismatch}; "
@@ -258,8 +263,9 @@ def _build() -> _Layer:
                 entries.setdefault((key[0], key[1]), {})[key[2]] = sorted(group, key=lambda e: e.low)
         boundaries = {key: _boundaries(per_dtype) for key, per_dtype in entries.items()}
         fingerprint = {mode: _fingerprint(entries, mode) for mode in MODES}
-        built = _Layer(tables, entries, boundaries, ignored, findings, fingerprint)
+        built = _Layer(tables, entries, boundaries, ignored, findings + quiet, fingerprint)
         env.report(_OWNER, findings, replace=True)
+        env.report(_OWNER, quiet, warn=False)
         _layer = built
         changed = False
         for op in registry.all_ops():
