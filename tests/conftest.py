@@ -72,6 +72,10 @@ _FIXTURE_KINDS = {
 #: `_grid_kept`); ``--vllm-ir-full-grid`` (``make test-all``) runs every point.
 _TOKENS = ((0, 1, 3, 64), (0, 1, 3))  # the kit's full and small grids (vllm_ir.testing.cases)
 _HIDDEN = ((1, 7, 64, 4096, 5120), (1, 7, 64))
+#: The inductor provider (providers/native) runs every op through one wrapper, an Inductor compile
+#: per call signature (~1 s each): the default run checks it on one op per family and kind of
+#: scalar parameter (none, str, float); ``--vllm-ir-full-grid`` on every op.
+_INDUCTOR_SAMPLE = {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul", "swigluoai_and_mul", "gelu_new"}
 
 
 def pytest_addoption(parser):
@@ -132,6 +136,12 @@ def _grid_kept(item, case, small: bool) -> bool:
     return (token_counts.index(tokens) + hidden_sizes.index(hidden) + shift) % len(token_counts) == 0
 
 
+def _inductor_kept(item) -> bool:
+    if not getattr(item, "originalname", item.name).startswith("test_conformance_inductor_"):
+        return True
+    return item.callspec.params.get("op_name", "rms_norm") in _INDUCTOR_SAMPLE
+
+
 def pytest_collection_modifyitems(config, items):
     full = config.getoption("--vllm-ir-full-grid")
     # Which grid each kit numerics test draws from: the small one has no big hidden size.
@@ -149,6 +159,8 @@ def pytest_collection_modifyitems(config, items):
         case = _plain_case(item) if "grid" in kinds and not full else None
         small = case is not None and widest[(item.path.name, item.originalname)] < _HIDDEN[0][-1]
         if case is not None and not _grid_kept(item, case, small):
+            dropped.append(item)
+        elif "grid" in kinds and not full and not _inductor_kept(item):
             dropped.append(item)
         else:
             kept.append(item)
