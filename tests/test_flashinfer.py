@@ -85,7 +85,8 @@ def test_loads_as_unsupported_here_with_its_reason(tmp_path, fi):
         (lambda: (torch.randn(4, 64), None), "world size 1; FlashInfer's TRT-LLM all-reduce fusion serves (2, 4, 8)"),
     ],
 )
-def test_declines_with_reason(fi, group, make, reason):
+def test_declines_with_reason(fi, group, make, reason, monkeypatch):
+    monkeypatch.setattr(fi, "_on_gpu", lambda x: True)  # stand in for a CUDA tensor
     x, w = make()
     verdict = fi.rules(x, w, group)
     assert isinstance(verdict, vllm_ir.Unsupported) and reason in verdict.reason
@@ -100,6 +101,7 @@ def test_predicates_decline_cpu_unknown_groups_and_mismatched_residuals(fi, grou
         .reason.startswith("tensors are on cpu")
     )
     assert "residual must be contiguous" in fused_supports(x, x[:2], w, 1e-6, group).reason
+    monkeypatch.setattr(fi, "_on_gpu", lambda x: True)  # stand in for a CUDA tensor
     monkeypatch.setattr(fi, "WORLD_SIZES", (1,))
     assert fi.rules(x, w, group) is True
     assert "process group 'nope' is unknown here" in fi.rules(x, w, "nope").reason

@@ -47,6 +47,16 @@ def providers():
     return _WRAPPERS
 
 
+@pytest.fixture
+def on_device(providers, monkeypatch):
+    """Stand in for ROCm / XPU tensors: the predicates' device checks pass, so their argument rules
+    are unit-tested on CPU tensors."""
+    for module in ("", ".activation", ".quant"):
+        monkeypatch.setattr(sys.modules[f"vllm_ir_provider_aiter{module}"], "_on_gpu", lambda x: True)
+    for module in ("", ".quant", ".rotary"):  # xpu's activation rules take no device: `_supports` asks it
+        monkeypatch.setattr(sys.modules[f"vllm_ir_provider_xpu_kernels{module}"], "_on_xpu", lambda x: True)
+
+
 def supports(op_name: str, provider: str, *args):
     """The provider's registered predicate called with the op's arguments, as the dispatcher calls it."""
     return vllm_ir.ops.__getattr__(op_name).impls[provider].supports_args(*args)
@@ -97,7 +107,7 @@ BF16 = torch.bfloat16
         (lambda: (torch.randn(64, 4, dtype=BF16).t(), torch.ones(64, dtype=BF16), None), "flattened to 2-D"),
     ],
 )
-def test_aiter_declines_with_reason(providers, make, reason):
+def test_aiter_declines_with_reason(providers, on_device, make, reason):
     aiter_provider, _ = providers
     x, w, vs = make()
     verdict = aiter_provider.rules(x, w, vs)
@@ -113,7 +123,7 @@ def test_aiter_declines_with_reason(providers, make, reason):
         lambda: (torch.randn(4, 96, dtype=BF16)[:, :64], torch.ones(64, dtype=BF16)),  # row-strided 2-D
     ],
 )
-def test_aiter_accepts(providers, make):
+def test_aiter_accepts(providers, on_device, make):
     aiter_provider, _ = providers
     x, w = make()
     assert aiter_provider.rules(x, w, None) is True
@@ -135,7 +145,7 @@ def test_predicates_decline_cpu_tensors(providers):
         (lambda: (torch.randn(4, 96)[:, :64], torch.ones(64), None), "input must be contiguous"),
     ],
 )
-def test_xpu_declines_with_reason(providers, make, reason):
+def test_xpu_declines_with_reason(providers, on_device, make, reason):
     _, xpu_provider = providers
     x, w, vs = make()
     verdict = xpu_provider.rules(x, w, vs)
@@ -143,7 +153,7 @@ def test_xpu_declines_with_reason(providers, make, reason):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_xpu_accepts_every_dtype(providers, dtype):
+def test_xpu_accepts_every_dtype(providers, on_device, dtype):
     _, xpu_provider = providers
     assert xpu_provider.rules(torch.randn(2, 3, 64, dtype=dtype), torch.ones(64, dtype=dtype), None) is True
 
@@ -281,7 +291,7 @@ def xpu_act(providers):
         (torch.randn(64, 4).t(), "x must be contiguous"),
     ],
 )
-def test_aiter_gated_declines_with_reason(aiter_act, x, reason):
+def test_aiter_gated_declines_with_reason(aiter_act, on_device, x, reason):
     verdict = aiter_act.gated_rules(x)
     assert not verdict and reason in verdict.reason
 
@@ -296,15 +306,12 @@ def test_aiter_gated_declines_with_reason(aiter_act, x, reason):
         (torch.randn(4, 96, dtype=BF16)[:, :64], "x must be contiguous"),
     ],
 )
-def test_aiter_gelu_fast_declines_with_reason(aiter_act, x, reason):
+def test_aiter_gelu_fast_declines_with_reason(aiter_act, on_device, x, reason):
     verdict = aiter_act.gelu_fast_rules(x)
     assert not verdict and reason in verdict.reason
 
 
-def test_aiter_activation_rules_accept_and_predicates_decline_cpu(aiter_act):
-    for dtype in (torch.float32, F16, BF16):
-        assert aiter_act.gated_rules(torch.randn(2, 3, 64, dtype=dtype)) is True
-    assert aiter_act.gelu_fast_rules(torch.randn(2, 3, 8, dtype=BF16)) is True
+def test_aiter_activation_rules_accept_and_predicates_decline_cpu(aiter_act, aiter_double, monkeypatch):
     x = torch.randn(4, 64, dtype=BF16)
     for verdict in (
         supports("silu_and_mul", "aiter", x),
@@ -317,6 +324,12 @@ def test_aiter_activation_rules_accept_and_predicates_decline_cpu(aiter_act):
     with pytest.raises(ValueError, match=r"gelu_and_mul \(provider aiter\): approximate must be"):
         vllm_ir.ops.gelu_and_mul.impls["aiter"].fn(x, "erf")
     assert "fatrelu_and_mul" not in vllm_ir.ops_implemented_by("aiter")  # AITER has no such kernel
+    monkeypatch.setattr(aiter_act, "_on_gpu", lambda x: True)  # stand in for a ROCm tensor
+    for dtype in (torch.float32, F16, BF16):
+        assert aiter_act.gated_rules(torch.randn(2, 3, 64, dtype=dtype)) is True
+    aiter_act.ops.has_function.cache_clear()
+    assert aiter_act.gelu_fast_rules(torch.randn(2, 3, 8, dtype=BF16)) is True  # the double has gelu_fast
+    aiter_act.ops.has_function.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -369,7 +382,7 @@ def test_aiter_activation_is_one_opaque_node_when_traced(aiter_double):
     x = torch.randn(4, 64, dtype=BF16)
     gm = make_fx(lambda x: vllm_ir.ops.gelu_and_mul.impls["aiter"].fn(x, "tanh"), tracing_mode="fake")(x)
     calls = [(n.target, n.args[1:]) for n in gm.graph.nodes if n.op == "call_function"]
-    assert calls == [(torch.ops.vllm_ir_aiter.act_and_mul.default, ("gelu_tanh_and_mul",))]
+    assert calls == [(torch.ops.vllm_ir_aiter.activation.default, ("gelu_tanh_and_mul",))]
     assert aiter_double.CALLS == []
 
 
@@ -507,21 +520,21 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         ((torch.randn(2, 4, 64, dtype=BF16), torch.ones(1), E4M3, 8), "num_token_padding with a 3-D x"),
     ],
 )
-def test_aiter_static_quant_declines_with_reason(aiter_quant, args, reason):
+def test_aiter_static_quant_declines_with_reason(aiter_quant, on_device, args, reason):
     verdict = aiter_quant.static_rules(*args)
     assert not verdict and reason in verdict.reason
 
 
 def test_aiter_static_quant_accepts_and_declines_cpu_and_other_gpu_fp8(aiter_double, aiter_quant, monkeypatch):
     x = torch.randn(2, 3, 64, dtype=F16)
-    assert aiter_quant.static_rules(x, torch.ones(1), E4M3, None) is True
-    assert aiter_quant.static_rules(x, torch.tensor(0.5), E4M3, None) is True  # 0-d scale
     assert (
         supports("static_quant_fp8", "aiter", x, torch.ones(1), E4M3).reason
         == "tensors are on cpu; AITER runs on ROCm GPUs"
     )
     monkeypatch.setattr(aiter_quant, "_on_gpu", lambda x: True)  # stand in for a ROCm tensor
     aiter_quant.ops.fp8_dtype.cache_clear()
+    assert aiter_quant.static_rules(x, torch.ones(1), E4M3, None) is True
+    assert aiter_quant.static_rules(x, torch.tensor(0.5), E4M3, None) is True  # 0-d scale
     assert supports("static_quant_fp8", "aiter", x, torch.ones(1), E4M3) is True
     monkeypatch.setattr(aiter_double.dtypes, "fp8", FNUZ)  # a gfx942
     aiter_quant.ops.fp8_dtype.cache_clear()
@@ -575,7 +588,7 @@ def test_aiter_static_quant_is_one_opaque_node_and_raises_on_other_scales(aiter_
         ("group_rules", (torch.randn(2, 4, 32), 16, True, E4M3), "column_major scales of a 3-D x"),
     ],
 )
-def test_xpu_quant_declines_with_reason(xpu_quant, rules, args, reason):
+def test_xpu_quant_declines_with_reason(xpu_quant, on_device, rules, args, reason):
     verdict = getattr(xpu_quant, rules)(*args)
     assert not verdict and reason in verdict.reason
 
@@ -668,7 +681,7 @@ def test_xpu_group_quant_passes_2d_scales_in_the_ops_layout(xpu_double, shape, c
         (lambda p, q, k, c: (p, q, torch.randn(4, 2, 96)[..., :64], 64, c, None), "key's head stride 96"),
     ],
 )
-def test_xpu_rotary_declines_with_reason(xpu_rotary, args, reason):
+def test_xpu_rotary_declines_with_reason(xpu_rotary, on_device, args, reason):
     p, q, k = torch.randint(0, 8, (4,)), torch.randn(4, 128), torch.randn(4, 128)
     c = torch.randn(8, 64)
     verdict = xpu_rotary.rules(*args(p, q, k, c))

@@ -42,8 +42,17 @@ def _flattens_without_copy(x: Tensor) -> bool:
     return x.is_contiguous() or (x.dim() == 2 and x.stride(-1) == 1)
 
 
+def _on_gpu(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.device.type != "cuda":
+        return vllm_ir.Unsupported(f"tensors are on {x.device.type}; AITER runs on ROCm GPUs")
+    return True
+
+
 def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
-    """The argument rules, independent of the device (unit-tested on CPU tensors)."""
+    """``rms_norm``'s predicate: the device, then the argument rules (unit-tested on CPU tensors,
+    the device check stood in for)."""
+    if not (on_gpu := _on_gpu(x)):
+        return on_gpu
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported by AITER")
     if x.dtype not in DTYPES:
@@ -58,22 +67,12 @@ def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool |
     return True
 
 
-def _on_gpu(x: Tensor) -> bool | vllm_ir.Unsupported:
-    if x.device.type != "cuda":
-        return vllm_ir.Unsupported(f"tensors are on {x.device.type}; AITER runs on ROCm GPUs")
-    return True
-
-
-def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
-    return _on_gpu(x) and rules(x, weight, variance_size)
-
-
 def fused_add_rms_norm_supports(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
 ) -> bool | vllm_ir.Unsupported:
     if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
-    return rms_norm_supports(x, weight, variance_size)
+    return rules(x, weight, variance_size)
 
 
 SUPPORTED = availability()
@@ -83,7 +82,7 @@ if SUPPORTED:  # elsewhere each custom op is defined on its first call (tests, w
 AITER = Provider(PROVIDER, available=SUPPORTED)
 
 
-@AITER.impl("rms_norm", supports=rms_norm_supports)
+@AITER.impl("rms_norm", supports=rules)
 def rms_norm(x, weight, epsilon, variance_size=None):
     return ops.rms_norm(x, weight, epsilon)
 

@@ -11,8 +11,9 @@ What AITER has and what it lacks (``aiter/ops/activation.py``, 2026 tree):
   ``swigluoai_and_mul`` takes interleaved gate/up pairs: none of these is registered.
 
 Predicates follow the kernels' addressing: contiguous rows, halves that start on a 16-byte
-boundary, no 0-d input. Empty inputs never reach AITER (its launch math divides by the row
-length and launches zero blocks): the custom ops return the empty result themselves.
+boundary, no 0-d input. Every call goes through one custom op, ``vllm_ir_aiter::activation``.
+Empty inputs never reach AITER (its launch math divides by the row length and launches zero
+blocks): the custom op returns the empty result itself.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ _GELU_FUNCTIONS = {"none": "gelu_and_mul", "tanh": "gelu_tanh_and_mul"}
 
 
 def gated_rules(x: Tensor) -> bool | vllm_ir.Unsupported:
-    """The gated kernels' argument rules, independent of the device (unit-tested on CPU tensors)."""
+    """The gated kernels' predicate: the device, then the argument rules (unit-tested on CPU
+    tensors, the device check stood in for)."""
+    if not (on_gpu := _on_gpu(x)):
+        return on_gpu
     if x.dtype not in GATED_DTYPES:
         return vllm_ir.Unsupported(f"AITER's gated activations take float32/float16/bfloat16, not {x.dtype}")
     if x.dim() == 0:
@@ -44,7 +48,10 @@ def gated_rules(x: Tensor) -> bool | vllm_ir.Unsupported:
 
 
 def gelu_fast_rules(x: Tensor) -> bool | vllm_ir.Unsupported:
-    """``aiter.gelu_fast``'s argument rules, independent of the device."""
+    """``aiter.gelu_fast``'s predicate: the device, the argument rules, then whether the installed
+    AITER has it (unit-tested on CPU tensors, the device check stood in for)."""
+    if not (on_gpu := _on_gpu(x)):
+        return on_gpu
     if x.dtype != torch.bfloat16:
         return vllm_ir.Unsupported(
             f"AITER's gelu_fast is used for bfloat16 only, not {x.dtype}: it has no float32 kernel, and "
@@ -59,25 +66,20 @@ def gelu_fast_rules(x: Tensor) -> bool | vllm_ir.Unsupported:
         )
     if not x.is_contiguous():
         return vllm_ir.Unsupported("x must be contiguous: AITER's gelu_fast walks it as one flat array")
+    if not ops.has_function("gelu_fast"):  # imports AITER: asked last, on a ROCm GPU only
+        return vllm_ir.Unsupported("this AITER has no gelu_fast (a later addition): upgrade AITER")
     return True
 
 
 def gelu_and_mul_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
     if approximate not in _GELU_FUNCTIONS:
         return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
-    return _on_gpu(x) and gated_rules(x)
+    return gated_rules(x)
 
 
-def gelu_fast_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    verdict = _on_gpu(x) and gelu_fast_rules(x)
-    if verdict and not ops.has_function("gelu_fast"):
-        return vllm_ir.Unsupported("this AITER has no gelu_fast (a later addition): upgrade AITER")
-    return verdict
-
-
-@AITER.impl("silu_and_mul", supports=lambda x: _on_gpu(x) and gated_rules(x))
+@AITER.impl("silu_and_mul", supports=gated_rules)
 def silu_and_mul(x):
-    return ops.act_and_mul(x, "silu_and_mul")
+    return ops.activation(x, "silu_and_mul")
 
 
 @AITER.impl("gelu_and_mul", supports=gelu_and_mul_supports)
@@ -85,9 +87,9 @@ def gelu_and_mul(x, approximate="none"):
     function = _GELU_FUNCTIONS.get(approximate)
     if function is None:
         raise ValueError(f"gelu_and_mul (provider aiter): approximate must be 'none' or 'tanh', not {approximate!r}")
-    return ops.act_and_mul(x, function)
+    return ops.activation(x, function)
 
 
-@AITER.impl("gelu_fast", supports=gelu_fast_supports)
+@AITER.impl("gelu_fast", supports=gelu_fast_rules)
 def gelu_fast(x):
-    return ops.gelu_fast(x)
+    return ops.activation(x, "gelu_fast")

@@ -69,8 +69,9 @@ def _(x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float) -> tup
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(residual)
 
 
-#: The vendor's gated entry points, by the name `act_and_mul` takes.
-GATED_FUNCTIONS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+#: The vendor's activation entry points, by the name `activation` takes: whether each is gated
+#: (``[..., 2d]`` with the gate first -> ``[..., d]``) or elementwise.
+FUNCTIONS = {"silu_and_mul": True, "gelu_and_mul": True, "gelu_tanh_and_mul": True, "gelu_fast": False}
 
 
 def aligned(x: Tensor) -> Tensor:
@@ -82,33 +83,23 @@ def aligned(x: Tensor) -> Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
-@deferred_custom_op("vllm_ir_aiter::act_and_mul", mutates_args=())
-def act_and_mul(x: Tensor, function: str) -> Tensor:
-    """``aiter.<function>(out, x)`` into a fresh ``out`` of shape ``[..., d]`` (x: ``[..., 2d]``)."""
-    if function not in GATED_FUNCTIONS:
-        raise ValueError(f"vllm_ir_aiter::act_and_mul: function must be one of {GATED_FUNCTIONS}, not {function!r}")
-    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+def _new_out(x: Tensor, function: str) -> Tensor:
+    """A fresh contiguous ``out`` of x's dtype: ``[..., d]`` for a gated function, x's shape else."""
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2) if FUNCTIONS[function] else x.shape)
+
+
+@deferred_custom_op("vllm_ir_aiter::activation", mutates_args=())
+def activation(x: Tensor, function: str) -> Tensor:
+    """``aiter.<function>(out, x)`` into a fresh ``out``."""
+    if function not in FUNCTIONS:
+        raise ValueError(f"vllm_ir_aiter::activation: function must be one of {list(FUNCTIONS)}, not {function!r}")
+    out = _new_out(x, function)
     if out.numel():
         getattr(_aiter(), function)(out, aligned(x))
     return out
 
 
-@act_and_mul.register_fake
-def _(x: Tensor, function: str) -> Tensor:
-    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-
-
-@deferred_custom_op("vllm_ir_aiter::gelu_fast", mutates_args=())
-def gelu_fast(x: Tensor) -> Tensor:
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if out.numel():
-        _aiter().gelu_fast(out, aligned(x))
-    return out
-
-
-@gelu_fast.register_fake
-def _(x: Tensor) -> Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+activation.register_fake(_new_out)
 
 
 @functools.cache

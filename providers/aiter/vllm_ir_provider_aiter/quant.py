@@ -34,7 +34,10 @@ DTYPES = (torch.float16, torch.bfloat16)
 def static_rules(
     x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
 ) -> bool | vllm_ir.Unsupported:
-    """The kernel's argument rules, independent of the device (unit-tested on CPU tensors)."""
+    """The kernel's predicate: the device, the argument rules (unit-tested on CPU tensors, the
+    device check stood in for), then the fp8 dtype AITER writes on this GPU."""
+    if not (on_gpu := _on_gpu(x)):
+        return on_gpu
     if fp8_dtype != torch.float8_e4m3fn:
         return vllm_ir.Unsupported(
             f"fp8_dtype {fp8_dtype}: AITER clamps e4m3fnuz to its dtype max 240, the op to 224 (only e4m3fn is used)"
@@ -55,19 +58,12 @@ def static_rules(
         )
     if num_token_padding is not None and x.dim() != 2:
         return vllm_ir.Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
+    if ops.fp8_dtype() != fp8_dtype:  # imports AITER: asked last, on a ROCm GPU only
+        return vllm_ir.Unsupported(f"AITER on this GPU quantizes to {ops.fp8_dtype()}, not {fp8_dtype}")
     return True
 
 
-def static_supports(
-    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
-) -> bool | vllm_ir.Unsupported:
-    verdict = _on_gpu(x) and static_rules(x, scale, fp8_dtype, num_token_padding)
-    if verdict and ops.fp8_dtype() != fp8_dtype:
-        return vllm_ir.Unsupported(f"AITER on this GPU quantizes to {ops.fp8_dtype()}, not {fp8_dtype}")
-    return verdict
-
-
-@AITER.impl("static_quant_fp8", supports=static_supports)
+@AITER.impl("static_quant_fp8", supports=static_rules)
 def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     if scale.numel() != 1:
         raise ValueError(

@@ -74,7 +74,10 @@ def _on_gpu(x: Tensor) -> bool | vllm_ir.Unsupported:
 
 # The predicates read the hidden size and the group's size: registered cacheable=False.
 def rules(x: Tensor, weight: Tensor | None, group_name: str) -> bool | vllm_ir.Unsupported:
-    """The argument rules, independent of the device (unit-tested on CPU tensors)."""
+    """``all_reduce_rms_norm``'s predicate: the device, then the argument rules and the group's size
+    (unit-tested on CPU tensors, the device check stood in for)."""
+    if not (on_gpu := _on_gpu(x)):
+        return on_gpu
     if x.dtype not in DTYPES:
         return vllm_ir.Unsupported(f"FlashInfer's all-reduce fusion takes float16/bfloat16/float32, not {x.dtype}")
     if x.dim() < 1 or not x.is_contiguous():
@@ -97,34 +100,30 @@ def rules(x: Tensor, weight: Tensor | None, group_name: str) -> bool | vllm_ir.U
     return True
 
 
-def all_reduce_rms_norm_supports(x: Tensor, weight: Tensor | None, group_name: str) -> bool | vllm_ir.Unsupported:
-    return _on_gpu(x) and rules(x, weight, group_name)
-
-
 def all_reduce_fused_add_rms_norm_supports(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, group_name: str
 ) -> bool | vllm_ir.Unsupported:
     if x_residual.shape != x.shape or x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("residual must be contiguous with x's shape and dtype")
-    return all_reduce_rms_norm_supports(x, weight, group_name)
+    return rules(x, weight, group_name)
 
 
 SUPPORTED = availability()
-if SUPPORTED:  # elsewhere each custom op is defined on its first call (tests, with doubles)
+if SUPPORTED:  # elsewhere the custom op is defined on its first call (tests, with doubles)
     define_custom_ops(ops)
 #: The registration surface: unavailable with `availability`'s reason; the predicates read the
 #: group's size, which the decision key leaves out, so nothing is cached.
 FLASHINFER = Provider(PROVIDER, available=SUPPORTED, cacheable=False)
 
 
-@FLASHINFER.impl("all_reduce_rms_norm", supports=all_reduce_rms_norm_supports)
+@FLASHINFER.impl("all_reduce_rms_norm", supports=rules)
 def all_reduce_rms_norm(x, weight, epsilon, group_name):
-    return ops.all_reduce_rms_norm(x, weight, epsilon, group_name)
+    return ops.allreduce_fusion(x, None, weight, epsilon, group_name)
 
 
 @FLASHINFER.impl("all_reduce_fused_add_rms_norm", supports=all_reduce_fused_add_rms_norm_supports)
 def all_reduce_fused_add_rms_norm(x, x_residual, weight, epsilon, group_name):
-    return ops.all_reduce_fused_add_rms_norm(x, x_residual, weight, epsilon, group_name)
+    return ops.allreduce_fusion(x, x_residual, weight, epsilon, group_name)
 
 
 __all__ = ["ops"]

@@ -1,11 +1,11 @@
-"""``vllm_ir_flashinfer::*`` custom ops: each fused all-reduce is one opaque node for the compiler.
+"""``vllm_ir_flashinfer::allreduce_fusion``: each fused all-reduce is one opaque node for the compiler.
 
-Both ops run FlashInfer's ``kARResidualRMSNorm`` pattern (``residual_out = allreduce(x) +
-residual_in``, ``norm_out = rmsnorm(residual_out) * gamma``); ``all_reduce_rms_norm`` has no
-residual, so it passes a zero residual and returns ``residual_out`` as the reduced sum (FlashInfer
-has no norm-without-residual pattern). The workspace is created per (group, dtype, hidden size)
-on the first call and regrown (doubling its token capacity) when a call needs more: both are
-collective, and every rank makes the same calls in the same order, as the ops require.
+Both ops run FlashInfer's ``kARResidualRMSNorm`` pattern through it (``residual_out =
+allreduce(x) + residual_in``, ``norm_out = rmsnorm(residual_out) * gamma``); ``all_reduce_rms_norm``
+has no residual, so it passes None for a zero residual and returns ``residual_out`` as the reduced
+sum (FlashInfer has no norm-without-residual pattern). The workspace is created per (group, dtype,
+hidden size) on the first call and regrown (doubling its token capacity) when a call needs more:
+both are collective, and every rank makes the same calls in the same order, as the ops require.
 """
 
 from __future__ import annotations
@@ -64,10 +64,12 @@ def workspace(group_name: str, dtype: torch.dtype, hidden: int, tokens: int, dev
     return _WORKSPACES[key]
 
 
-def _fused(
-    x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float, group_name: str
+@deferred_custom_op("vllm_ir_flashinfer::allreduce_fusion", mutates_args=())
+def allreduce_fusion(
+    x: Tensor, residual: Tensor | None, weight: Tensor | None, epsilon: float, group_name: str
 ) -> tuple[Tensor, Tensor]:
-    """(norm_out, residual_out) of FlashInfer's AR + residual + RMSNorm, in fresh buffers of x's shape."""
+    """(norm_out, residual_out) of FlashInfer's AR + residual + RMSNorm, in fresh buffers of x's shape
+    (``residual`` None: a zero residual, so ``residual_out`` is the reduced sum)."""
     hidden = x.shape[-1]
     rows = x.view(-1, hidden)  # contiguous (the predicate requires it): a view
     norm_out = torch.empty_like(rows)
@@ -83,7 +85,7 @@ def _fused(
             launch_with_pdl=False,
             residual_out=residual_out,
             norm_out=norm_out,
-            residual_in=residual.reshape(-1, hidden),
+            residual_in=torch.zeros_like(rows) if residual is None else residual.reshape(-1, hidden),
             rms_gamma=weight_or_ones(x, weight),  # the kernel always multiplies by gamma
             rms_eps=epsilon,
             # The two-shot path splits tokens across ranks and asserts more tokens than ranks.
@@ -92,23 +94,8 @@ def _fused(
     return norm_out.view(x.shape), residual_out.view(x.shape)
 
 
-@deferred_custom_op("vllm_ir_flashinfer::all_reduce_fused_add_rms_norm", mutates_args=())
-def all_reduce_fused_add_rms_norm(
-    x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float, group_name: str
+@allreduce_fusion.register_fake
+def _(
+    x: Tensor, residual: Tensor | None, weight: Tensor | None, epsilon: float, group_name: str
 ) -> tuple[Tensor, Tensor]:
-    return _fused(x, residual, weight, epsilon, group_name)
-
-
-@all_reduce_fused_add_rms_norm.register_fake
-def _(x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float, group_name: str) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(x), torch.empty_like(x)
-
-
-@deferred_custom_op("vllm_ir_flashinfer::all_reduce_rms_norm", mutates_args=())
-def all_reduce_rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, group_name: str) -> tuple[Tensor, Tensor]:
-    return _fused(x, torch.zeros_like(x), weight, epsilon, group_name)
-
-
-@all_reduce_rms_norm.register_fake
-def _(x: Tensor, weight: Tensor | None, epsilon: float, group_name: str) -> tuple[Tensor, Tensor]:
     return torch.empty_like(x), torch.empty_like(x)

@@ -43,8 +43,17 @@ def _vendor_ops():
     return torch.ops._C
 
 
+def _on_xpu(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.device.type != "xpu":
+        return vllm_ir.Unsupported(f"tensors are on {x.device.type}; vllm-xpu-kernels runs on XPU")
+    return True
+
+
 def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
-    """Argument rules independent of the device (unit-tested on CPU tensors)."""
+    """``rms_norm``'s predicate: the device, then the argument rules (unit-tested on CPU tensors,
+    the device check stood in for)."""
+    if not (on_xpu := _on_xpu(x)):
+        return on_xpu
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported by vllm-xpu-kernels")
     if weight is not None and weight.dtype != x.dtype:
@@ -57,22 +66,12 @@ def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool |
     return True
 
 
-def _on_xpu(x: Tensor) -> bool | vllm_ir.Unsupported:
-    if x.device.type != "xpu":
-        return vllm_ir.Unsupported(f"tensors are on {x.device.type}; vllm-xpu-kernels runs on XPU")
-    return True
-
-
-def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
-    return _on_xpu(x) and rules(x, weight, variance_size)
-
-
 def fused_add_rms_norm_supports(
     x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
 ) -> bool | vllm_ir.Unsupported:
     if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
-    return rms_norm_supports(x, weight, variance_size)
+    return rules(x, weight, variance_size)
 
 
 SUPPORTED = availability()
@@ -80,7 +79,7 @@ SUPPORTED = availability()
 XPU = Provider(PROVIDER, available=SUPPORTED)
 
 
-@XPU.impl("rms_norm", supports=rms_norm_supports)
+@XPU.impl("rms_norm", supports=rules)
 def rms_norm(x, weight, epsilon, variance_size=None):
     out = torch.empty_like(x)
     _vendor_ops().rms_norm(out, x, weight_or_ones(x, weight), epsilon)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.plugins.provider import empty_group_scales
 from vllm_ir_provider_xpu_kernels import XPU, _on_xpu, _vendor_ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -54,7 +55,10 @@ def _rows_stride(x: Tensor) -> int | None:
 
 
 def common_rules(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> bool | vllm_ir.Unsupported:
-    """Rules shared by the three ops, independent of the device (unit-tested on CPU tensors)."""
+    """What the three ops' predicates check first: the device, then the shared argument rules
+    (unit-tested on CPU tensors, the device check stood in for)."""
+    if not (on_xpu := _on_xpu(x)):
+        return on_xpu
     if fp8_dtype != torch.float8_e4m3fn:
         return vllm_ir.Unsupported(
             f"fp8_dtype {fp8_dtype}: vllm-xpu-kernels quantizes to float8_e4m3fn (the op's e4m3fnuz clamps to 224)"
@@ -78,6 +82,8 @@ def _has_group_shape() -> bool:
 def static_rules(
     x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
 ) -> bool | vllm_ir.Unsupported:
+    """``static_quant_fp8``'s predicate: `common_rules`, the scale's, then whether the installed
+    vllm-xpu-kernels takes a scale of several elements."""
     verdict = common_rules(x, fp8_dtype, num_token_padding)
     if not verdict:
         return verdict
@@ -91,23 +97,17 @@ def static_rules(
         return vllm_ir.Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
     if scale.dim() == 2 and x.dim() != 2:
         return vllm_ir.Unsupported(f"a 2-D scale with a {x.dim()}-D x (blocks of a 2-D x only)")
-    return True
-
-
-def static_supports(
-    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
-) -> bool | vllm_ir.Unsupported:
-    verdict = _on_xpu(x) and static_rules(x, scale, fp8_dtype, num_token_padding)
-    if verdict and scale.numel() != 1 and not _has_group_shape():
+    if scale.numel() != 1 and not _has_group_shape():  # imports the vendor: asked last, on XPU only
         return vllm_ir.Unsupported(
             "this vllm-xpu-kernels' static_scaled_fp8_quant has no group_shape (one scale only): upgrade it"
         )
-    return verdict
+    return True
 
 
 def dynamic_rules(
     x: Tensor, per_token: bool, fp8_dtype: torch.dtype, scale_ub: Tensor | None, num_token_padding: int | None
 ) -> bool | vllm_ir.Unsupported:
+    """``dynamic_quant_fp8``'s predicate: `common_rules`, then the per-token / per-tensor kernel's."""
     verdict = common_rules(x, fp8_dtype, num_token_padding)
     if not verdict:
         return verdict
@@ -123,13 +123,8 @@ def dynamic_rules(
     return True
 
 
-def dynamic_supports(
-    x: Tensor, per_token: bool, fp8_dtype: torch.dtype, scale_ub: Tensor | None, num_token_padding: int | None
-) -> bool | vllm_ir.Unsupported:
-    return _on_xpu(x) and dynamic_rules(x, per_token, fp8_dtype, scale_ub, num_token_padding)
-
-
 def group_rules(x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
+    """``dynamic_group_quant_fp8``'s predicate: `common_rules`, then the group kernel's."""
     verdict = common_rules(x, fp8_dtype, None)
     if not verdict:
         return verdict
@@ -145,12 +140,6 @@ def group_rules(x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch
     return True
 
 
-def group_supports(
-    x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch.dtype
-) -> bool | vllm_ir.Unsupported:
-    return _on_xpu(x) and group_rules(x, group_size, column_major, fp8_dtype)
-
-
 def _q(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> tuple[Tensor, Tensor]:
     """(q, the view of its first ``x.shape[0]`` rows the vendor writes): pad rows stay unwritten."""
     shape = tuple(x.shape)
@@ -161,7 +150,7 @@ def _q(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> tupl
     return q, q
 
 
-@XPU.impl("static_quant_fp8", supports=static_supports)
+@XPU.impl("static_quant_fp8", supports=static_rules)
 def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     q, rows = _q(x, fp8_dtype, num_token_padding)
     if rows.numel() == 0:  # the launch math divides by the row length
@@ -170,7 +159,7 @@ def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     return q
 
 
-@XPU.impl("dynamic_quant_fp8", supports=dynamic_supports)
+@XPU.impl("dynamic_quant_fp8", supports=dynamic_rules)
 def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
     q, rows = _q(x, fp8_dtype, num_token_padding)
     if per_token:
@@ -185,17 +174,11 @@ def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=
     return q, scale
 
 
-@XPU.impl("dynamic_group_quant_fp8", supports=group_supports)
+@XPU.impl("dynamic_group_quant_fp8", supports=group_rules)
 def dynamic_group_quant_fp8(x, group_size, column_major, use_ue8m0, fp8_dtype):
     q = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
-    groups = x.shape[-1] // group_size
-    rows = x.numel() // x.shape[-1]
-    if column_major:  # [M, G] with strides (1, M), as the op (2-D x only)
-        scales = torch.empty((groups, rows), dtype=torch.float32, device=x.device).t()
-        flat = scales
-    else:
-        scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32, device=x.device)
-        flat = scales.view(rows, groups)
+    scales = empty_group_scales(x.shape, group_size, column_major, x.device)  # in the op's layout
     if x.numel():
+        flat = scales.view(-1, scales.shape[-1])  # the kernel takes 2-D scales
         _vendor_ops().per_token_group_fp8_quant(x, q, flat, group_size, 1e-10, -FP8_MAX, FP8_MAX, use_ue8m0)
     return q, scales

@@ -68,7 +68,10 @@ def rules(
     cos_sin_cache: Tensor,
     rotary_dim: int | None,
 ) -> bool | vllm_ir.Unsupported:
-    """The kernel's argument rules, independent of the device (unit-tested on CPU tensors)."""
+    """The kernel's predicate: the device, then the argument rules (unit-tested on CPU tensors, the
+    device check stood in for)."""
+    if not (on_xpu := _on_xpu(query)):
+        return on_xpu
     if query.dtype not in DTYPES:
         return vllm_ir.Unsupported(
             f"vllm-xpu-kernels' rotary_embedding takes float32/float16/bfloat16, not {query.dtype}"
@@ -91,13 +94,7 @@ def rules(
     return views if isinstance(views, vllm_ir.Unsupported) else True
 
 
-def rotary_embedding_supports(
-    positions, query, key, head_size, cos_sin_cache, rotary_dim
-) -> bool | vllm_ir.Unsupported:
-    return _on_xpu(query) and rules(positions, query, key, head_size, cos_sin_cache, rotary_dim)
-
-
-@XPU.impl("rotary_embedding", supports=rotary_embedding_supports, inplace=True)
+@XPU.impl("rotary_embedding", supports=rules, inplace=True)
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style, rotary_dim=None):
     views = _views(positions, query, key, head_size)
     if isinstance(views, vllm_ir.Unsupported):
