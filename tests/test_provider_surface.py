@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch import Tensor
@@ -135,6 +137,19 @@ def test_a_predicate_default_must_be_the_ops():
 
 
 @pytest.mark.filterwarnings("ignore::vllm_ir.ConfigWarning")
+def test_a_supports_tuple_is_checked_member_by_member():
+    op = vllm_ir.ops.rms_norm
+    with pytest.raises(vllm_ir.RegistrationError, match="supports takes 'scale', which the op does not have"):
+        adapt_predicate(op, "surface_tuple", (lambda x: True, lambda scale: True))
+    with pytest.raises(vllm_ir.RegistrationError, match="supports is an empty sequence"):
+        adapt_predicate(op, "surface_tuple", ())
+    both = adapt_predicate(op, "surface_tuple", (lambda x: x.dim() > 0, lambda variance_size: variance_size is None))
+    assert list(inspect.signature(both).parameters) == list(op.signature.parameters)
+    assert both(torch.ones(2), None, 1e-6) is True
+    assert both(torch.ones(()), None, 1e-6) is False
+    assert both(torch.ones(2), None, 1e-6, 1) is False
+
+
 def test_a_missing_library_marks_every_op_unavailable_with_one_reason(ops):
     add_norm, scale = ops
     reason = Unsupported("libsurface not installed")

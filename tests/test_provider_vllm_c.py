@@ -109,6 +109,23 @@ def test_build_record_problems_are_reasons():
     assert "failed to build (CompileError: gcc failed)" in _extension.check_build(Info, torch.__version__)
 
 
+def test_a_supports_tuple_asks_its_checks_in_order_and_returns_the_first_refusal():
+    """The families register ``supports=(check, ...)``, each check reading only the parameters it
+    names: the implementation's predicate takes the op's parameters and stops at the first
+    refusal (here the fp8 dtype before x, x before the group size, that before column_major)."""
+    supports = vllm_ir.ops.rms_norm_group_fp8_quant.impls["vllm_c"].supports_args
+    e4m3, x = torch.float8_e4m3fn, torch.randn(4, 16)
+
+    def reason(*args):
+        return supports(*args).reason
+
+    assert reason(x.to(torch.int32), None, None, 1e-6, 0, False, False, torch.float16).startswith("fp8_dtype")
+    assert reason(x.to(torch.int32), None, None, 1e-6, 0, False, False, e4m3).startswith("dtype torch.int32")
+    assert reason(x[0], None, None, 1e-6, 0, True, False, e4m3) == "group_size 0 < 1 (native raises)"
+    assert reason(x[0], None, None, 1e-6, 16, True, False, e4m3) == "column_major scales of a 1-D x (native raises)"
+    assert supports(x, x.clone(), torch.ones(16), 1e-6, 8, True, False, e4m3) is True
+
+
 @pytest.mark.subprocess
 def test_import_without_a_loadable_extension_registers_unsupported_impls():
     # A fresh interpreter where loading the compiled library fails like an ABI mismatch would.

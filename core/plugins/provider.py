@@ -21,6 +21,10 @@ loaded, batch invariance, compile facts...) and then registers each op's kernel 
   once, at registration, into a predicate of the op's parameters (the dispatcher still hands a
   predicate the call's arguments). A parameter the op lacks is a `RegistrationError` naming the
   op and the provider, and nothing is registered.
+- ``supports`` may also be a tuple of such predicates, each reading its own parameters
+  (``supports=(rows_ok, weight_ok, scale_ok)``): they are asked in order and the first that
+  declines gives the verdict, so checks that several ops share are written once and no
+  predicate restates a whole signature to call the others.
 - ``available`` falsy (an `Unsupported` carrying the reason: "library not installed") marks
   every implementation the provider registers unsupported with that one reason; the kernel
   bindings are registered all the same (never called), so ``explain`` and ``providers list``
@@ -70,6 +74,8 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: A ``supports`` predicate (of any of the op's parameters, by name), or a tuple of them.
+Supports = Callable[..., bool | Unsupported] | Sequence[Callable[..., bool | Unsupported]]
 
 #: Options a provider may set for all its implementations, and each `Provider.impl` for its own.
 OPTIONS = ("batch_invariant", "exact", "cacheable", "compile_facts", "lowerable")
@@ -119,14 +125,15 @@ class Provider:
         self,
         op: str | IrOp,
         *,
-        supports: Callable[..., bool | Unsupported] | None = None,
+        supports: Supports | None = None,
         inplace: bool = False,
         supported: bool | Unsupported = True,
         **options: Any,
     ) -> Callable[[F], F]:
         """Register the decorated kernel binding as this provider's implementation of ``op``.
 
-        :param supports: per-call predicate over any of the op's parameters (by name).
+        :param supports: per-call predicate over any of the op's parameters (by name), or a tuple
+            of them, asked in order (the first that declines gives the verdict).
         :param inplace: the kernel overwrites the activations and returns them (in-place form
             only). A kernel whose last parameter is ``inplace=False`` serves both forms instead.
         :param supported: this one implementation cannot run here (e.g. an old library build);
@@ -146,7 +153,7 @@ class Provider:
         op: str | IrOp,
         fn: Callable[..., Any],
         *,
-        supports: Callable[..., bool | Unsupported] | None = None,
+        supports: Supports | None = None,
         inplace: bool = False,
         supported: bool | Unsupported = True,
         **options: Any,
@@ -233,9 +240,45 @@ def _form(fn: Callable[..., Any], op: IrOp, sig: inspect.Signature, inplace: boo
     return form
 
 
-def adapt_predicate(op: IrOp, provider: str, pred: Callable[..., Any]) -> Callable[..., Any]:
+def adapt_predicate(op: IrOp, provider: str, pred: Supports) -> Callable[..., Any]:
     """``pred`` as a predicate of all of ``op``'s parameters (built once; returned as is when it
-    already takes them). It may declare any of the op's parameters by name, in any order."""
+    already takes them). It may declare any of the op's parameters by name, in any order; a tuple
+    of such predicates becomes one that asks each in order and returns the first refusal (a falsy
+    verdict), or else the last one's verdict."""
+    preds = tuple(pred) if isinstance(pred, (tuple, list)) else (pred,)
+    if not preds:
+        raise RegistrationError(
+            f"op {op.name!r}, provider {provider!r}: supports is an empty sequence", op=op.name, provider=provider
+        )
+    reads = [_predicate_parameters(op, provider, p) for p in preds]
+    op_params = op.signature.parameters
+    if len(preds) == 1 and reads[0] == [(p.name, p.default) for p in op_params.values()]:
+        return preds[0]
+    env: dict[str, Any] = {}
+    params = _dispatch.parameter_list(op.signature, env)
+    name = getattr(preds[0], "__name__", "supports") if len(preds) == 1 else "supports"
+    if not name.isidentifier():
+        name = "supports"
+    lines = ["def _adapt(_preds):", f"    def {name}({params}):"]
+    for i, names in enumerate(reads):
+        call = f"_preds[{i}]({', '.join(n for n, _ in names)})"
+        if i < len(reads) - 1:  # a refusal (False or an Unsupported) ends the chain
+            lines += [f"        verdict = {call}", "        if not verdict:", "            return verdict"]
+        else:
+            lines.append(f"        return {call}")
+    source = "\n".join([*lines, f"    return {name}", ""])
+    namespace = dict(env)
+    (code,) = code_cache.compile_all([(f"<vllm_ir.ops.{op.name}.supports.{provider}>", source)])
+    exec(code, namespace)
+    adapted = namespace["_adapt"](preds)
+    adapted.__qualname__ = " and ".join(getattr(p, "__qualname__", name) for p in preds)
+    adapted.__doc__ = getattr(preds[0], "__doc__", None) if len(preds) == 1 else None
+    return adapted
+
+
+def _predicate_parameters(op: IrOp, provider: str, pred: Callable[..., Any]) -> list[tuple[str, Any]]:
+    """The (name, default) of each parameter ``pred`` reads; a `RegistrationError` unless each is
+    one of ``op``'s, with the op's default or none."""
     if not callable(pred):
         raise RegistrationError(
             f"op {op.name!r}, provider {provider!r}: supports must be callable, got {type(pred).__name__}",
@@ -243,9 +286,8 @@ def adapt_predicate(op: IrOp, provider: str, pred: Callable[..., Any]) -> Callab
             provider=provider,
         )
     sig = signature.check_parameters(pred, op=op.name, provider=provider, what="supports")
-    names = list(sig.parameters)
     op_params = op.signature.parameters
-    unknown = [n for n in names if n not in op_params]
+    unknown = [n for n in sig.parameters if n not in op_params]
     if unknown:
         raise RegistrationError(
             f"op {op.name!r}, provider {provider!r}: supports takes {', '.join(map(repr, unknown))}, which the op "
@@ -262,23 +304,7 @@ def adapt_predicate(op: IrOp, provider: str, pred: Callable[..., Any]) -> Callab
                 op=op.name,
                 provider=provider,
             )
-    if [(p.name, p.default) for p in sig.parameters.values()] == [(p.name, p.default) for p in op_params.values()]:
-        return pred
-    env: dict[str, Any] = {}
-    params = _dispatch.parameter_list(op.signature, env)
-    name = getattr(pred, "__name__", "supports")
-    if not name.isidentifier():
-        name = "supports"
-    source = (
-        f"def _adapt(_pred):\n    def {name}({params}):\n        return _pred({', '.join(names)})\n    return {name}\n"
-    )
-    namespace = dict(env)
-    (code,) = code_cache.compile_all([(f"<vllm_ir.ops.{op.name}.supports.{provider}>", source)])
-    exec(code, namespace)
-    adapted = namespace["_adapt"](pred)
-    adapted.__qualname__ = getattr(pred, "__qualname__", name)
-    adapted.__doc__ = getattr(pred, "__doc__", None)
-    return adapted
+    return [(p.name, p.default) for p in sig.parameters.values()]
 
 
 def default_fakes(namespace: str) -> list[str]:

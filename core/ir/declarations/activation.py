@@ -34,6 +34,13 @@ def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
     return x[..., :d], x[..., d:]
 
 
+def check_approximate(approximate: str, who: str) -> None:
+    """A ValueError naming ``who`` (the op, or the op and a provider) unless ``approximate`` is
+    one of gelu's forms, "none" or "tanh": the GELU ops and their kernels refuse the others."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"{who}: approximate must be 'none' or 'tanh', not {approximate!r}")
+
+
 @register_op
 def silu_and_mul(x: Tensor) -> Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` where ``d = x.shape[-1] // 2`` (SwiGLU)."""
@@ -51,8 +58,7 @@ def mul_and_silu(x: Tensor) -> Tensor:
 @register_op
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     """``gelu(x[..., :d], approximate) * x[..., d:]`` (GeGLU); ``approximate`` is "none" or "tanh"."""
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', not {approximate!r}")
+    check_approximate(approximate, "gelu_and_mul")
     gate, up = _halves(x)
     return F.gelu(gate, approximate=approximate) * up
 
@@ -92,8 +98,7 @@ def gelu_and_mul_sparse(x: Tensor, std_multiplier: float, approximate: str = "no
     the activation are each rounded to x's dtype. ``std_multiplier`` is the standard normal
     quantile of the target sparsity (Gemma 3n: 0.95 -> 1.6448536269514722).
     """
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu_and_mul_sparse: approximate must be 'none' or 'tanh', not {approximate!r}")
+    check_approximate(approximate, "gelu_and_mul_sparse")
     d = x.shape[-1] // 2
     gate = x[..., :d]
     mean = torch.mean(gate, dim=-1, keepdim=True)

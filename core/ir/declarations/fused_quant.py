@@ -24,7 +24,7 @@ from torch import Tensor
 
 from vllm_ir.ir.comparison import Comparison
 from vllm_ir.ir.declarations.activation import silu_and_mul
-from vllm_ir.ir.declarations.layernorm import fused_add_rms_norm, rms_norm
+from vllm_ir.ir.declarations.layernorm import _weight, fused_add_rms_norm, rms_norm
 from vllm_ir.ir.declarations.quant import (
     _activation,
     _dequantize_dynamic,
@@ -38,7 +38,15 @@ from vllm_ir.ir.declarations.quant import (
     fp8_max,
     static_quant_fp8,
 )
+from vllm_ir.ir.impl import Unsupported
 from vllm_ir.ir.op import register_op
+
+
+def _norm(x: Tensor, x_residual: Tensor | None, weight: Tensor | None, epsilon: float) -> tuple[Tensor, Tensor | None]:
+    """``(y, residual)``: `rms_norm` of x (residual None), or `fused_add_rms_norm` of x and ``x_residual``."""
+    if x_residual is None:
+        return rms_norm.fn(x, weight, epsilon), None
+    return fused_add_rms_norm.fn(x, x_residual, weight, epsilon)
 
 
 @register_op
@@ -73,10 +81,7 @@ def rms_norm_dynamic_per_token_fp8_quant(
     """``(q, scale, residual)``: `rms_norm` (or `fused_add_rms_norm` when ``x_residual`` is
     given) then per-token `dynamic_quant_fp8` with ``scale_ub``; ``residual`` is None without
     ``x_residual``, else the new residual (``maybe_inplace`` may write it into ``x_residual``)."""
-    if x_residual is None:
-        y, residual = rms_norm.fn(x, weight, epsilon), None
-    else:
-        y, residual = fused_add_rms_norm.fn(x, x_residual, weight, epsilon)
+    y, residual = _norm(x, x_residual, weight, epsilon)
     q, scale = dynamic_quant_fp8.fn(y, True, fp8_dtype, scale_ub)
     return q, scale, residual
 
@@ -103,10 +108,7 @@ def rms_norm_group_fp8_quant(
     DeepSeek-V3 / Qwen FP8 blocks, 64; UE8M0 and column-major scales as that op has them);
     ``residual`` is None without ``x_residual``, else the new residual (``maybe_inplace`` may
     write it into ``x_residual``)."""
-    if x_residual is None:
-        y, residual = rms_norm.fn(x, weight, epsilon), None
-    else:
-        y, residual = fused_add_rms_norm.fn(x, x_residual, weight, epsilon)
+    y, residual = _norm(x, x_residual, weight, epsilon)
     q, scales = dynamic_group_quant_fp8.fn(y, group_size, column_major, use_ue8m0, fp8_dtype)
     return q, scales, residual
 
@@ -130,14 +132,59 @@ FUSED_QUANT_OPS = (
 )
 
 
+# -- what the fused kernels decline alike (vllm_c's and Triton's predicates) ----------------
+
+
+def residual_verdict(x: Tensor, x_residual: Tensor | None) -> bool | Unsupported:
+    """No residual, or one of x's dtype, device and shape (native broadcasts and promotes)."""
+    if x_residual is not None and (
+        x_residual.dtype != x.dtype or x_residual.device != x.device or x_residual.shape != x.shape
+    ):
+        return Unsupported(
+            f"x_residual ({x_residual.dtype}, {list(x_residual.shape)}, {x_residual.device}) differs from x "
+            f"({x.dtype}, {list(x.shape)}, {x.device}) (native broadcasts and promotes; the kernels do not)"
+        )
+    return True
+
+
+def weight_verdict(x: Tensor, weight: Tensor | None) -> bool | Unsupported:
+    """No weight, or one of x's dtype or float32 on x's device (its shape is each kernel's own)."""
+    if weight is not None and weight.dtype not in (x.dtype, torch.float32):
+        return Unsupported(f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32")
+    if weight is not None and weight.device != x.device:
+        return Unsupported(f"weight is on {weight.device}, x on {x.device}")
+    return True
+
+
+def scale_ub_verdict(x: Tensor, scale_ub: Tensor | None) -> bool | Unsupported:
+    """No bound, or one float32 element (0-d or 1-D) on x's device."""
+    if scale_ub is None:
+        return True
+    if scale_ub.dtype != torch.float32 or scale_ub.device != x.device or scale_ub.numel() != 1:
+        return Unsupported(
+            f"scale_ub must be one float32 element on x's device, got {scale_ub.dtype} "
+            f"{list(scale_ub.shape)} on {scale_ub.device}"
+        )
+    if scale_ub.dim() > 1:
+        return Unsupported(f"scale_ub is {scale_ub.dim()}-D (native broadcasts the scale's shape to it)")
+    return True
+
+
+def halves_verdict(x: Tensor) -> bool | Unsupported:
+    """The SwiGLU ops' x: an even last dimension."""
+    if x.dim() >= 1 and x.shape[-1] % 2:
+        return Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
+    return True
+
+
+def column_major_verdict(x: Tensor, column_major: bool) -> bool | Unsupported:
+    """Row-major scales, or column-major ones of an x of 2 or more dimensions."""
+    if column_major and x.dim() < 2:
+        return Unsupported("column_major scales of a 1-D x (native raises)")
+    return True
+
+
 # -- test inputs and comparison --------------------------------------------------------------
-
-
-def _weight(hidden: int, dtype: torch.dtype, device: torch.device, g: torch.Generator, options: dict) -> Tensor | None:
-    if not options.get("with_weight", True):
-        return None
-    w = 1.0 + 0.1 * torch.randn(hidden, generator=g, dtype=torch.float32)
-    return w.to(device=device, dtype=options.get("weight_dtype") or dtype)
 
 
 def _static_scale(y: Tensor, fp8_dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -160,7 +207,7 @@ def _norm_static_inputs(with_residual: bool):
         g = torch.Generator().manual_seed(seed)
         x = _activation(shape, dtype, device, g)
         residual = _activation(shape, dtype, device, g) if with_residual else None
-        weight = _weight(shape[-1], dtype, device, g, options)
+        weight = _weight(shape[-1], dtype, device, g, options.get("weight_dtype"), options.get("with_weight", True))
         if residual is None:
             y = rms_norm.fn(x, weight, epsilon)
             return x, weight, epsilon, _static_scale(y, fp8_dtype, device), fp8_dtype
@@ -185,7 +232,7 @@ def _norm_dynamic_inputs(
     g = torch.Generator().manual_seed(seed)
     x = _activation(shape, dtype, device, g)
     residual = _activation(shape, dtype, device, g) if with_residual else None
-    weight = _weight(shape[-1], dtype, device, g, options)
+    weight = _weight(shape[-1], dtype, device, g, options.get("weight_dtype"), options.get("with_weight", True))
     ub = None if scale_ub is None else torch.tensor([scale_ub], dtype=torch.float32, device=device)
     return x, residual, weight, epsilon, fp8_dtype, ub
 
@@ -221,7 +268,7 @@ def _norm_group_inputs(
     g = torch.Generator().manual_seed(seed)
     x = _activation(shape, dtype, device, g)
     residual = _activation(shape, dtype, device, g) if with_residual else None
-    weight = _weight(shape[-1], dtype, device, g, options)
+    weight = _weight(shape[-1], dtype, device, g, options.get("weight_dtype"), options.get("with_weight", True))
     column_major = column_major and len(shape) >= 2  # a 1-D x has no column-major scales
     return x, residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype
 
@@ -300,13 +347,7 @@ def _normed(args: tuple) -> Tensor:
     if len(args) == 5:  # rms_norm_static_fp8_quant
         x, weight, epsilon = args[:3]
         return rms_norm.fn(x, weight, epsilon)
-    if isinstance(args[4], Tensor):  # fused_add_rms_norm_static_fp8_quant
-        x, residual, weight, epsilon = args[:4]
-    else:  # rms_norm_dynamic_per_token_fp8_quant
-        x, residual, weight, epsilon = args[:4]
-        if residual is None:
-            return rms_norm.fn(x, weight, epsilon)
-    return fused_add_rms_norm.fn(x, residual, weight, epsilon)[0]
+    return _norm(*args[:4])[0]  # (x, x_residual, weight, epsilon, ...): the other norm ops
 
 
 for _op in (rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant):
@@ -336,11 +377,7 @@ rms_norm_group_fp8_quant.set_comparison(
         dequantize=lambda args, outputs: _dequantize_group((args[0], args[4]), outputs[:2]),
         scale_floor=_group_floor,
         scale_rtol=_intermediate_ulp,
-        reference=lambda args: (
-            rms_norm.fn(args[0], args[2], args[3])
-            if args[1] is None
-            else fused_add_rms_norm.fn(args[0], args[1], args[2], args[3])[0]
-        ),
+        reference=_normed,
     )
 )
 silu_and_mul_group_fp8_quant.set_comparison(

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from vllm_ir.ir.comparison import Comparison
+from vllm_ir.ir.impl import Unsupported
 from vllm_ir.ir.op import register_op
 
 #: The fp8 dtypes these ops produce, with the range they clamp to.
@@ -104,6 +105,21 @@ def _over_bound(absmax: Tensor, bound: float) -> Tensor:
 
 def _quantize(xf: Tensor, inverse_scale: Tensor, fp8_dtype: torch.dtype, bound: float) -> Tensor:
     return (xf * inverse_scale).clamp(-bound, bound).to(fp8_dtype)
+
+
+def padding_verdict(x: Tensor, num_token_padding: int | None) -> bool | Unsupported:
+    """What a kernel's predicate says where `_pad_tokens` raises: padding of a non-2-D x."""
+    if num_token_padding is not None and x.dim() != 2:
+        return Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
+    return True
+
+
+def padded_shape(x: Tensor, num_token_padding: int | None) -> tuple[int, ...]:
+    """q's shape for a kernel: x's, or at least ``num_token_padding`` rows of a 2-D x (a kernel may
+    leave the rows past x's unwritten; `_pad_tokens` zeroes them)."""
+    if num_token_padding is None:
+        return tuple(x.shape)
+    return (max(x.shape[0], num_token_padding), x.shape[1])
 
 
 def _pad_tokens(q: Tensor, num_token_padding: int | None, op: str) -> Tensor:
@@ -228,6 +244,7 @@ def _activation(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.where(outliers, x * 8, x).to(device=device, dtype=dtype)
 
 
+@static_quant_fp8.input_generator
 def _static_inputs(
     shape: tuple[int, ...],
     dtype: torch.dtype,
@@ -278,6 +295,7 @@ def _static_inputs(
     return x, scale, fp8_dtype, _padding(shape, num_token_padding)
 
 
+@dynamic_quant_fp8.input_generator
 def _dynamic_inputs(
     shape: tuple[int, ...],
     dtype: torch.dtype,
@@ -300,6 +318,7 @@ def _padding(shape: tuple[int, ...], num_token_padding: int | None) -> int | Non
     return num_token_padding if len(shape) == 2 else None
 
 
+@dynamic_group_quant_fp8.input_generator
 def _group_inputs(
     shape: tuple[int, ...],
     dtype: torch.dtype,
@@ -315,10 +334,6 @@ def _group_inputs(
     column_major = column_major and len(shape) >= 2  # a 1-D x has no column-major scales
     return _activation(shape, dtype, device, g), group_size, column_major, use_ue8m0, fp8_dtype
 
-
-static_quant_fp8.input_generator(_static_inputs)
-dynamic_quant_fp8.input_generator(_dynamic_inputs)
-dynamic_group_quant_fp8.input_generator(_group_inputs)
 
 for _name, _options in {
     "per_token": {"granularity": "token"},

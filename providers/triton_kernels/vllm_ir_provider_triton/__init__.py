@@ -53,6 +53,24 @@ def availability() -> bool | vllm_ir.Unsupported:
 
 
 SUPPORTED = availability()
+#: The activation dtypes the kernels take.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def on_cpu_verdict(t: torch.Tensor) -> bool | vllm_ir.Unsupported:
+    """CPU tensors run only in the interpreter."""
+    if t.device.type == "cpu" and not interpreting():
+        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
+    return True
+
+
+def dtype_and_device_verdict(x: torch.Tensor) -> bool | vllm_ir.Unsupported:
+    """``x`` of one of `DTYPES`, on a device Triton runs on here."""
+    if x.dtype not in DTYPES:
+        return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
+    if x.device.type not in ("cpu", "cuda", "xpu"):
+        return vllm_ir.Unsupported(f"x is on {x.device.type}; Triton runs on GPUs (or CPU when interpreting)")
+    return on_cpu_verdict(x)
 
 
 @functools.cache

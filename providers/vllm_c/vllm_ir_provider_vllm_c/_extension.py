@@ -86,6 +86,19 @@ def devices(status: ExtensionStatus) -> tuple[str, ...]:
     return ("cpu", "cuda") if status.cuda_kernels and torch.version.hip is None else ("cpu",)
 
 
+#: The activation dtypes the kernels take.
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def dtype_and_device_verdict(x: torch.Tensor, device_types: tuple[str, ...]) -> bool | Unsupported:
+    """``x`` of one of `DTYPES` on one of ``device_types``, or why not."""
+    if x.dtype not in DTYPES:
+        return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
+    if x.device.type not in device_types:
+        return Unsupported(f"device {x.device.type} is not supported (kernels built for: {', '.join(device_types)})")
+    return True
+
+
 def torch_op(status: ExtensionStatus, name: str) -> Callable[..., Any]:
     """``torch.ops.vllm_ir_c.<name>.default``, or a stand-in that raises the load failure's reason."""
     if status.loaded:
@@ -99,5 +112,7 @@ def torch_op(status: ExtensionStatus, name: str) -> Callable[..., Any]:
 
 #: Whether the compiled kernels are usable in this process, and why not.
 STATUS: ExtensionStatus = load(__name__.rpartition(".")[0])
+#: The device types this build's kernels cover.
+DEVICES = devices(STATUS)
 #: The registration surface of every family: unavailable with the load failure's reason if not loaded.
 VLLM_C = Provider(PROVIDER, available=supported(STATUS), compile_facts=compile_facts(STATUS))

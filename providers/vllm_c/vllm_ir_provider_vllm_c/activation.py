@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from vllm_ir import Unsupported
+from vllm_ir.ir.declarations.activation import check_approximate
 
-from ._extension import PROVIDER, STATUS, VLLM_C, devices, torch_op
+from ._extension import DEVICES, PROVIDER, STATUS, VLLM_C, dtype_and_device_verdict, torch_op
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GATED = ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul", "swigluoai_and_mul")
 #: Gated ops normalizing the gate by its row's statistics (their own kernel, csrc SparseGeluArgs).
 ROW_STATISTIC_GATED = ("gelu_and_mul_sparse",)
@@ -58,16 +58,17 @@ EXACT_ON_CPU = ("silu_and_mul", "mul_and_silu", "fatrelu_and_mul", "relu2")
 EAGER_FIRST = {"cpu": (*GATED, *ROW_STATISTIC_GATED, *ELEMENTWISE), "cuda": (*GATED, *ELEMENTWISE)}
 
 
-ON = devices(STATUS)
-
-
 def _exact(name: str) -> bool:
-    return ON == ("cpu",) and name in EXACT_ON_CPU
+    return DEVICES == ("cpu",) and name in EXACT_ON_CPU
+
+
+def elementwise_verdict(x: Tensor) -> bool | Unsupported:
+    return dtype_and_device_verdict(x, DEVICES)
 
 
 def gated_verdict(x: Tensor) -> bool | Unsupported:
-    verdict = _device_and_dtype(x, ON)
-    if verdict is not None:
+    verdict = dtype_and_device_verdict(x, DEVICES)
+    if not verdict:
         return verdict
     if x.dim() == 0:
         return Unsupported("x is 0-d (gated ops split the last dimension)")
@@ -78,11 +79,6 @@ def gated_verdict(x: Tensor) -> bool | Unsupported:
     return True
 
 
-def elementwise_verdict(x: Tensor) -> bool | Unsupported:
-    verdict = _device_and_dtype(x, ON)
-    return True if verdict is None else verdict
-
-
 # A library built before gelu_and_mul_sparse existed (an install not rebuilt): that one op is
 # unsupported, saying so, and the rest work.
 SPARSE_BUILT = not STATUS.loaded or hasattr(torch.ops.vllm_ir_c, "gelu_and_mul_sparse")
@@ -91,14 +87,11 @@ _kernels = {
 }
 
 
-def _gated_out(x: Tensor) -> Tensor:
-    return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
-
-
-def _check_approximate(op: str, approximate: str) -> None:
-    # A bad `approximate` is no reason to fall back: native would raise too. The kernel says so.
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"{op} (provider {PROVIDER}): approximate must be 'none' or 'tanh', not {approximate!r}")
+def _run_gated(name: str, x: Tensor, *scalars: object) -> Tensor:
+    """The op's kernel writing x's gated result (half its last dimension) into a fresh tensor."""
+    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+    _kernels[name](out, x, *scalars)
+    return out
 
 
 # Every kernel computes each output element from its own inputs in a fixed way: results never
@@ -109,38 +102,30 @@ def _gated(name: str):
 
 @_gated("silu_and_mul")
 def silu_and_mul(x):
-    out = _gated_out(x)
-    _kernels["silu_and_mul"](out, x)
-    return out
+    return _run_gated("silu_and_mul", x)
 
 
 @_gated("mul_and_silu")
 def mul_and_silu(x):
-    out = _gated_out(x)
-    _kernels["mul_and_silu"](out, x)
-    return out
+    return _run_gated("mul_and_silu", x)
 
 
 @_gated("gelu_and_mul")
 def gelu_and_mul(x, approximate="none"):
-    _check_approximate("gelu_and_mul", approximate)
-    out = _gated_out(x)
-    _kernels["gelu_and_mul"](out, x, approximate)
-    return out
+    # A bad `approximate` is no reason to fall back (no predicate declines it): native would
+    # raise too. The kernel says so.
+    check_approximate(approximate, f"gelu_and_mul (provider {PROVIDER})")
+    return _run_gated("gelu_and_mul", x, approximate)
 
 
 @_gated("fatrelu_and_mul")
 def fatrelu_and_mul(x, threshold=0.0):
-    out = _gated_out(x)
-    _kernels["fatrelu_and_mul"](out, x, threshold)
-    return out
+    return _run_gated("fatrelu_and_mul", x, threshold)
 
 
 @_gated("swigluoai_and_mul")
 def swigluoai_and_mul(x, alpha=1.702, limit=7.0):
-    out = _gated_out(x)
-    _kernels["swigluoai_and_mul"](out, x, alpha, limit)
-    return out
+    return _run_gated("swigluoai_and_mul", x, alpha, limit)
 
 
 @VLLM_C.impl(
@@ -151,10 +136,8 @@ def swigluoai_and_mul(x, alpha=1.702, limit=7.0):
     or Unsupported("the vllm_c library predates gelu_and_mul_sparse: rebuild it (pip install -e providers/vllm_c)"),
 )
 def gelu_and_mul_sparse(x, std_multiplier, approximate="none"):
-    _check_approximate("gelu_and_mul_sparse", approximate)
-    out = _gated_out(x)
-    _kernels["gelu_and_mul_sparse"](out, x, float(std_multiplier), approximate)
-    return out
+    check_approximate(approximate, f"gelu_and_mul_sparse (provider {PROVIDER})")
+    return _run_gated("gelu_and_mul_sparse", x, float(std_multiplier), approximate)
 
 
 def _elementwise(name: str) -> None:
@@ -172,14 +155,6 @@ def _elementwise(name: str) -> None:
 
 for _name in ELEMENTWISE:
     _elementwise(_name)
-
-
-def _device_and_dtype(x: Tensor, device_types: tuple[str, ...]) -> Unsupported | None:
-    if x.dtype not in DTYPES:
-        return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
-    if x.device.type not in device_types:
-        return Unsupported(f"device {x.device.type} is not supported (kernels built for: {', '.join(device_types)})")
-    return None
 
 
 def table_path() -> str | None:

@@ -25,33 +25,48 @@ from torch import Tensor
 
 from vllm_ir import Unsupported
 
-from ._extension import STATUS, VLLM_C, devices, torch_op
+from ._extension import DEVICES, STATUS, VLLM_C, dtype_and_device_verdict, torch_op
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Platforms where ``vllm_c`` goes first for these ops in eager mode: CPU (benchmarks/kernels.py:
 #: it wins at every shape there) and CUDA (the seed's defaults). Not ROCm: vllm_c builds no HIP
 #: kernels (`_extension.devices`), so there it could only decline every GPU call.
 EAGER_FIRST = {platform: ("rms_norm", "fused_add_rms_norm") for platform in ("cpu", "cuda")}
-ON = devices(STATUS)
 # The CPU kernels reduce each row in a fixed order whatever the batch; the CUDA ones do not
 # (their summation order depends on hidden size and pointer alignment).
-OPTIONS = {"batch_invariant": ON == ("cpu",)}
+OPTIONS = {"batch_invariant": DEVICES == ("cpu",)}
 _rms_norm = torch_op(STATUS, "rms_norm")
 _fused = torch_op(STATUS, "fused_add_rms_norm")
 _fused_out = torch_op(STATUS, "fused_add_rms_norm_out")
 
 
 def supports_rms_norm(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | Unsupported:
-    verdict = _common_verdict(x, weight, variance_size, ON)
-    return True if verdict is None else verdict
-
-
-def supports_fused_add_rms_norm(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
-) -> bool | Unsupported:
-    verdict = _common_verdict(x, weight, variance_size, ON)
-    if verdict is not None:
+    """What both norms check (rms_norm's predicate)."""
+    if variance_size is not None:
+        return Unsupported("variance_size is not supported (the kernels normalize over the whole last dimension)")
+    verdict = dtype_and_device_verdict(x, DEVICES)
+    if not verdict:
         return verdict
+    if x.dim() == 0:
+        return Unsupported("x is 0-d (the kernels normalize over a last dimension)")
+    if x.stride(-1) != 1 and x.size(-1) != 1:
+        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
+    if weight is not None:
+        if weight.dtype not in (x.dtype, torch.float32):
+            return Unsupported(
+                f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32 "
+                "(the kernels apply a weight of x's dtype or an fp32 one)"
+            )
+        if weight.device != x.device:
+            return Unsupported(f"weight is on {weight.device}, x on {x.device}")
+        if weight.dim() != 1:
+            return Unsupported(f"weight is {weight.dim()}-d (the kernels take a 1-d weight)")
+        if weight.shape[0] != x.shape[-1]:
+            return Unsupported(f"weight has {weight.shape[0]} elements, x rows {x.shape[-1]} (native broadcasts)")
+    return True
+
+
+def residual_verdict(x: Tensor, x_residual: Tensor) -> bool | Unsupported:
+    """fused_add_rms_norm's residual, after `supports_rms_norm`: like x, unit stride."""
     if x_residual.dtype != x.dtype:
         return Unsupported(f"x_residual dtype {x_residual.dtype} differs from x dtype {x.dtype}")
     if x_residual.device != x.device:
@@ -75,7 +90,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
     return out
 
 
-@VLLM_C.impl("fused_add_rms_norm", supports=supports_fused_add_rms_norm, **OPTIONS)
+@VLLM_C.impl("fused_add_rms_norm", supports=(supports_rms_norm, residual_verdict), **OPTIONS)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None, inplace=False):
     if inplace:  # x_residual <- x + x_residual, x <- rms_norm(the fp32 sum) * weight
         _fused(x, x_residual, weight, epsilon)
@@ -85,31 +100,3 @@ def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None, inpla
     residual = torch.empty_like(x)
     _fused_out(out, residual, x, x_residual, weight, epsilon)
     return out, residual
-
-
-def _common_verdict(
-    x: Tensor, weight: Tensor | None, variance_size: int | None, device_types: tuple[str, ...]
-) -> Unsupported | None:
-    if variance_size is not None:
-        return Unsupported("variance_size is not supported (the kernels normalize over the whole last dimension)")
-    if x.dtype not in DTYPES:
-        return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
-    if x.device.type not in device_types:
-        return Unsupported(f"device {x.device.type} is not supported (kernels built for: {', '.join(device_types)})")
-    if x.dim() == 0:
-        return Unsupported("x is 0-d (the kernels normalize over a last dimension)")
-    if x.stride(-1) != 1 and x.size(-1) != 1:
-        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
-    if weight is not None:
-        if weight.dtype not in (x.dtype, torch.float32):
-            return Unsupported(
-                f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32 "
-                "(the kernels apply a weight of x's dtype or an fp32 one)"
-            )
-        if weight.device != x.device:
-            return Unsupported(f"weight is on {weight.device}, x on {x.device}")
-        if weight.dim() != 1:
-            return Unsupported(f"weight is {weight.dim()}-d (the kernels take a 1-d weight)")
-        if weight.shape[0] != x.shape[-1]:
-            return Unsupported(f"weight has {weight.shape[0]} elements, x rows {x.shape[-1]} (native broadcasts)")
-    return None

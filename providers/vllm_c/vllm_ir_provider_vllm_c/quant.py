@@ -19,12 +19,11 @@ import torch
 from torch import Tensor
 
 from vllm_ir import Unsupported
+from vllm_ir.ir.declarations.quant import FP8_RANGES, padded_shape, padding_verdict
 from vllm_ir.plugins.provider import empty_group_scales
 
-from ._extension import STATUS, VLLM_C, devices, torch_op
+from ._extension import DEVICES, STATUS, VLLM_C, dtype_and_device_verdict, torch_op
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 #: Platforms where ``vllm_c`` goes first for these ops in eager mode: CPU, where it beats native
 #: and Inductor-compiled native at every measured token count (benchmarks/quant_cpu.py); CUDA,
 #: where it beat native eager at every T on an H200 (`vllm-ir bench --device cuda`, bf16
@@ -38,15 +37,30 @@ EAGER_FIRST = {
 _static = torch_op(STATUS, "static_quant_fp8")
 _dynamic = torch_op(STATUS, "dynamic_quant_fp8")
 _group = torch_op(STATUS, "dynamic_group_quant_fp8")
-ON = devices(STATUS)
 # Every value is computed from its own row (or the whole tensor's absmax, a max: no order).
 OPTIONS = {"batch_invariant": True, "exact": True}
 
 
-def supports_static(x, scale, fp8_dtype, num_token_padding) -> bool | Unsupported:
-    verdict = _common_verdict(x, fp8_dtype, num_token_padding, ON)
-    if verdict is not None:
+def fp8_verdict(fp8_dtype: torch.dtype) -> bool | Unsupported:
+    """The fp8 dtypes the quant kernels (and the fused ones) write: the ones native takes."""
+    if fp8_dtype not in FP8_RANGES:
+        return Unsupported(f"fp8_dtype {fp8_dtype} is not supported (float8_e4m3fn, float8_e4m3fnuz)")
+    return True
+
+
+def x_verdict(x: Tensor) -> bool | Unsupported:
+    """What every quant op checks after the fp8 dtype: x's dtype, its device, a unit-stride last dimension."""
+    verdict = dtype_and_device_verdict(x, DEVICES)
+    if not verdict:
         return verdict
+    if x.dim() == 0:
+        return Unsupported("x is 0-d (the kernels quantize rows of a last dimension)")
+    if x.stride(-1) != 1 and x.size(-1) != 1:
+        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
+    return True
+
+
+def scale_verdict(x: Tensor, scale: Tensor) -> bool | Unsupported:
     if scale.dtype != torch.float32:
         return Unsupported(f"scale dtype {scale.dtype} is not supported (float32)")
     if scale.device != x.device:
@@ -60,27 +74,22 @@ def supports_static(x, scale, fp8_dtype, num_token_padding) -> bool | Unsupporte
     return True
 
 
-def supports_dynamic(x, fp8_dtype, scale_ub, num_token_padding) -> bool | Unsupported:
-    verdict = _common_verdict(x, fp8_dtype, num_token_padding, ON)
-    if verdict is not None:
-        return verdict
-    if scale_ub is not None:
-        if scale_ub.dtype != torch.float32:
-            return Unsupported(f"scale_ub dtype {scale_ub.dtype} is not supported (float32)")
-        if scale_ub.device != x.device:
-            return Unsupported(f"scale_ub is on {scale_ub.device}, x on {x.device}")
-        if scale_ub.dim() > 1 or scale_ub.numel() != 1:
-            return Unsupported(
-                f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D; "
-                "native broadcasts the scale's shape to it)"
-            )
+def scale_ub_verdict(x: Tensor, scale_ub: Tensor | None) -> bool | Unsupported:
+    if scale_ub is None:
+        return True
+    if scale_ub.dtype != torch.float32:
+        return Unsupported(f"scale_ub dtype {scale_ub.dtype} is not supported (float32)")
+    if scale_ub.device != x.device:
+        return Unsupported(f"scale_ub is on {scale_ub.device}, x on {x.device}")
+    if scale_ub.dim() > 1 or scale_ub.numel() != 1:
+        return Unsupported(
+            f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D; "
+            "native broadcasts the scale's shape to it)"
+        )
     return True
 
 
-def supports_group(x, group_size, column_major, fp8_dtype) -> bool | Unsupported:
-    verdict = _common_verdict(x, fp8_dtype, None, ON)
-    if verdict is not None:
-        return verdict
+def group_verdict(x: Tensor, group_size: int, column_major: bool) -> bool | Unsupported:
     if group_size < 1:
         return Unsupported(f"group_size {group_size} < 1")
     if column_major and x.dim() < 2:
@@ -88,14 +97,14 @@ def supports_group(x, group_size, column_major, fp8_dtype) -> bool | Unsupported
     return True
 
 
-@VLLM_C.impl("static_quant_fp8", supports=supports_static, **OPTIONS)
+@VLLM_C.impl("static_quant_fp8", supports=(fp8_verdict, x_verdict, padding_verdict, scale_verdict), **OPTIONS)
 def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
-    out = _quantized_output(x, fp8_dtype, num_token_padding)
+    out = torch.empty(padded_shape(x, num_token_padding), dtype=fp8_dtype, device=x.device)
     _static(out, x, scale)
     return out
 
 
-@VLLM_C.impl("dynamic_quant_fp8", supports=supports_dynamic, **OPTIONS)
+@VLLM_C.impl("dynamic_quant_fp8", supports=(fp8_verdict, x_verdict, padding_verdict, scale_ub_verdict), **OPTIONS)
 def dynamic_quant_fp8(
     x: Tensor,
     per_token: bool,
@@ -103,14 +112,14 @@ def dynamic_quant_fp8(
     scale_ub: Tensor | None = None,
     num_token_padding: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    out = _quantized_output(x, fp8_dtype, num_token_padding)
+    out = torch.empty(padded_shape(x, num_token_padding), dtype=fp8_dtype, device=x.device)
     scale_shape = (*x.shape[:-1], 1) if per_token else (1,)
     scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
     _dynamic(out, scale, x, scale_ub, per_token)
     return out, scale
 
 
-@VLLM_C.impl("dynamic_group_quant_fp8", supports=supports_group, **OPTIONS)
+@VLLM_C.impl("dynamic_group_quant_fp8", supports=(fp8_verdict, x_verdict, group_verdict), **OPTIONS)
 def dynamic_group_quant_fp8(
     x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
@@ -118,29 +127,3 @@ def dynamic_group_quant_fp8(
     scales = empty_group_scales(x.shape, group_size, column_major, x.device)
     _group(out, scales, x, group_size, use_ue8m0)
     return out, scales
-
-
-def _quantized_output(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> Tensor:
-    """q's buffer: x's shape, or at least ``num_token_padding`` rows (left unwritten past x's)."""
-    shape = tuple(x.shape)
-    if num_token_padding is not None:
-        shape = (max(shape[0], num_token_padding), shape[1])
-    return torch.empty(shape, dtype=fp8_dtype, device=x.device)
-
-
-def _common_verdict(
-    x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None, device_types: tuple[str, ...]
-) -> Unsupported | None:
-    if fp8_dtype not in FP8_DTYPES:
-        return Unsupported(f"fp8_dtype {fp8_dtype} is not supported (float8_e4m3fn, float8_e4m3fnuz)")
-    if x.dtype not in DTYPES:
-        return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
-    if x.device.type not in device_types:
-        return Unsupported(f"device {x.device.type} is not supported (kernels built for: {', '.join(device_types)})")
-    if x.dim() == 0:
-        return Unsupported("x is 0-d (the kernels quantize rows of a last dimension)")
-    if x.stride(-1) != 1 and x.size(-1) != 1:
-        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
-    if num_token_padding is not None and x.dim() != 2:
-        return Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
-    return None

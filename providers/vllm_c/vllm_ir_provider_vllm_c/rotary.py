@@ -11,15 +11,13 @@ the batch size or values.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from vllm_ir import Unsupported
 from vllm_ir.ir.declarations.rotary import inplace_kernel_verdict
 
-from ._extension import PROVIDER, STATUS, VLLM_C, devices, torch_op
+from ._extension import DEVICES, DTYPES, PROVIDER, STATUS, VLLM_C, torch_op
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: vllm_c goes first in eager mode on CPU: benchmarks/rotary_cpu.py (32 heads x 128, rotary_dim
 #: 128 and 64, T 1-4096, bf16 and fp32; 2 threads on a loaded 2-core VM) measured it 2.5-178x
 #: faster than native eager and 1.4-78x faster than Inductor-compiled native at every shape.
@@ -29,12 +27,11 @@ EAGER_FIRST = {platform: ("rotary_embedding",) for platform in ("cpu", "cuda")}
 
 
 _kernel = torch_op(STATUS, "rotary_embedding")
-ON = devices(STATUS)
 
 
 def supports(positions, query, key, head_size, cos_sin_cache, rotary_dim) -> bool | Unsupported:
-    if query.device.type not in ON:
-        return Unsupported(f"device {query.device.type} is not supported (kernels built for: {', '.join(ON)})")
+    if query.device.type not in DEVICES:
+        return Unsupported(f"device {query.device.type} is not supported (kernels built for: {', '.join(DEVICES)})")
     verdict = inplace_kernel_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES)
     return True if verdict is None else verdict
 

@@ -17,28 +17,20 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import TRITON, interpreting
+from vllm_ir.ir.declarations.activation import check_approximate
+from vllm_ir_provider_triton import TRITON, dtype_and_device_verdict
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Widest gate of gelu_and_mul_sparse's row kernel (kernels.activation.MAX_SPARSE_D; not imported
 #: from there, which needs Triton).
 MAX_SPARSE_D = 32768
 
 
-def _device_and_dtype(x: Tensor) -> bool | vllm_ir.Unsupported:
-    if x.dtype not in _DTYPES:
-        return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
-    if x.device.type not in ("cpu", "cuda", "xpu"):
-        return vllm_ir.Unsupported(f"x is on {x.device.type}; Triton runs on GPUs (or CPU when interpreting)")
-    if x.device.type == "cpu" and not interpreting():
-        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
-    return True
-
-
-def _rows_layout(x: Tensor) -> bool | vllm_ir.Unsupported:
-    if not x.is_contiguous() and not (x.dim() == 2 and x.stride(-1) == 1):
+def elementwise_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    """Any shape, contiguous (one flat row) or 2-D rows with a unit inner stride."""
+    verdict = dtype_and_device_verdict(x)
+    if verdict and not x.is_contiguous() and not (x.dim() == 2 and x.stride(-1) == 1):
         return vllm_ir.Unsupported("x must be contiguous, or 2-D rows with a unit inner stride")
-    return True
+    return verdict
 
 
 def gated_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
@@ -47,25 +39,17 @@ def gated_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
         return vllm_ir.Unsupported("x is 0-d (gated ops split the last dimension)")
     if x.shape[-1] % 2:
         return vllm_ir.Unsupported(f"last dimension {x.shape[-1]} is odd (gate and up halves differ in size)")
-    return _device_and_dtype(x) and _rows_layout(x)
+    return elementwise_supports(x)
 
 
-def elementwise_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
-    """Any shape, contiguous (one flat row) or 2-D rows with a unit inner stride."""
-    return _device_and_dtype(x) and _rows_layout(x)
-
-
-def gelu_and_mul_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
+def approximate_supports(approximate: str) -> bool | vllm_ir.Unsupported:
     if approximate not in ("none", "tanh"):
         return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
-    return gated_supports(x)
+    return True
 
 
-def gelu_and_mul_sparse_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
-    """The gated layouts, with a gate of at most MAX_SPARSE_D columns (one program holds a row)."""
-    verdict = gelu_and_mul_supports(x, approximate)
-    if not verdict:
-        return verdict
+def sparse_gate_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+    """A gate of at most MAX_SPARSE_D columns (one program holds a row)."""
     if x.shape[-1] // 2 > MAX_SPARSE_D:
         return vllm_ir.Unsupported(
             f"the gate has {x.shape[-1] // 2} columns (the row kernel holds at most {MAX_SPARSE_D})"
@@ -75,11 +59,6 @@ def gelu_and_mul_sparse_supports(x: Tensor, approximate: str) -> bool | vllm_ir.
 
 def _gated_out(x: Tensor) -> Tensor:
     return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
-
-
-def _check_approximate(op: str, approximate: str) -> None:
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"{op} (provider triton): approximate must be 'none' or 'tanh', not {approximate!r}")
 
 
 if TRITON.available:
@@ -109,9 +88,9 @@ def mul_and_silu(x):
     return _gated(x, k.SILU.value, k.GATE_SECOND.value)
 
 
-@TRITON.impl("gelu_and_mul", supports=gelu_and_mul_supports)
+@TRITON.impl("gelu_and_mul", supports=(approximate_supports, gated_supports))
 def gelu_and_mul(x, approximate="none"):
-    _check_approximate("gelu_and_mul", approximate)
+    check_approximate(approximate, "gelu_and_mul (provider triton)")
     return _gated(x, (k.GELU if approximate == "none" else k.GELU_TANH).value, k.GATE_FIRST.value)
 
 
@@ -130,9 +109,9 @@ def swigluoai_and_mul(x, alpha=1.702, limit=7.0):
 
 
 # vLLM's own Triton gelu_and_mul_sparse is a triton_op too: Inductor sees into it under compile.
-@TRITON.impl("gelu_and_mul_sparse", supports=gelu_and_mul_sparse_supports)
+@TRITON.impl("gelu_and_mul_sparse", supports=(approximate_supports, gated_supports, sparse_gate_supports))
 def gelu_and_mul_sparse(x, std_multiplier, approximate="none"):
-    _check_approximate("gelu_and_mul_sparse", approximate)
+    check_approximate(approximate, "gelu_and_mul_sparse (provider triton)")
     out = _gated_out(x)
     gelu_and_mul_sparse_out(out, x, float(std_multiplier), approximate == "tanh")
     return out

@@ -22,9 +22,16 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.ir.declarations.fused_quant import (
+    column_major_verdict,
+    halves_verdict,
+    residual_verdict,
+    scale_ub_verdict,
+    weight_verdict,
+)
 from vllm_ir.plugins.provider import empty_group_scales
 from vllm_ir_provider_triton import TRITON
-from vllm_ir_provider_triton.ops.quant import _rows_stride, x_rows_verdict
+from vllm_ir_provider_triton.ops.quant import _rows_stride, fp8_verdict, rows_verdict
 
 #: Mirrors kernels/fused_quant.py (importing it needs Triton, predicates must not).
 MAX_TILE = 65536
@@ -35,101 +42,50 @@ def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _fits(hidden: int, group_size: int) -> bool:
+def _fits(hidden: int, group_size: int) -> bool | vllm_ir.Unsupported:
     groups = -(-hidden // group_size) if hidden else 1
-    return _next_pow2(max(groups, 1)) * max(16, _next_pow2(max(group_size, 1))) <= MAX_TILE
+    if _next_pow2(max(groups, 1)) * max(16, _next_pow2(max(group_size, 1))) > MAX_TILE:
+        return vllm_ir.Unsupported(f"a row of {hidden} does not fit one program ({MAX_TILE} elements once padded)")
+    return True
 
 
-def _common(
-    x: Tensor, x_residual: Tensor | None, weight: Tensor | None, fp8_dtype: torch.dtype, group_size: int | None = None
-) -> vllm_ir.Unsupported | None:
-    verdict = x_rows_verdict(x, fp8_dtype)
-    if verdict is not None:
-        return verdict
-    if group_size is not None and group_size < 1:
+def _row_fits(x: Tensor) -> bool | vllm_ir.Unsupported:
+    return _fits(x.shape[-1], max(x.shape[-1], 1))
+
+
+def _groups_fit(x: Tensor, group_size: int) -> bool | vllm_ir.Unsupported:
+    if group_size < 1:
         return vllm_ir.Unsupported(f"group_size {group_size} < 1 (native raises)")
-    if not _fits(x.shape[-1], group_size or max(x.shape[-1], 1)):
-        return vllm_ir.Unsupported(f"a row of {x.shape[-1]} does not fit one program ({MAX_TILE} elements once padded)")
-    if x_residual is not None:
-        if x_residual.dtype != x.dtype or x_residual.device != x.device or x_residual.shape != x.shape:
-            return vllm_ir.Unsupported(
-                f"x_residual ({x_residual.dtype}, {list(x_residual.shape)}, {x_residual.device}) differs from x "
-                f"({x.dtype}, {list(x.shape)}, {x.device}) (native broadcasts and promotes; the kernels do not)"
-            )
-        if _rows_stride(x_residual) is None:
-            return vllm_ir.Unsupported("x_residual is not rows with one row stride")
-    if weight is not None:
-        if weight.dtype not in (x.dtype, torch.float32):
-            return vllm_ir.Unsupported(f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32")
-        if weight.device != x.device:
-            return vllm_ir.Unsupported(f"weight is on {weight.device}, x on {x.device}")
-        if weight.dim() != 1 or weight.shape[0] != x.shape[-1] or not weight.is_contiguous():
-            return vllm_ir.Unsupported(
-                f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (need a contiguous [hidden])"
-            )
-    return None
+    return _fits(x.shape[-1], group_size)
 
 
-def _static_scale(x: Tensor, scale: Tensor) -> vllm_ir.Unsupported | None:
+def _residual_rows(x_residual: Tensor | None) -> bool | vllm_ir.Unsupported:
+    if x_residual is not None and _rows_stride(x_residual) is None:
+        return vllm_ir.Unsupported("x_residual is not rows with one row stride")
+    return True
+
+
+def _weight_shape(x: Tensor, weight: Tensor | None) -> bool | vllm_ir.Unsupported:
+    if weight is not None and (weight.dim() != 1 or weight.shape[0] != x.shape[-1] or not weight.is_contiguous()):
+        return vllm_ir.Unsupported(
+            f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (need a contiguous [hidden])"
+        )
+    return True
+
+
+def _static_scale(x: Tensor, scale: Tensor) -> bool | vllm_ir.Unsupported:
     if scale.dtype != torch.float32 or scale.device != x.device:
         return vllm_ir.Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
     if scale.numel() != 1:
         return vllm_ir.Unsupported(f"scale of shape {list(scale.shape)}: the fused kernels take a per-tensor scale")
-    return None
-
-
-def _first(*verdicts: vllm_ir.Unsupported | None) -> bool | vllm_ir.Unsupported:
-    for verdict in verdicts:
-        if verdict is not None:
-            return verdict
     return True
 
 
-def _gated(x: Tensor) -> vllm_ir.Unsupported | None:
-    if x.dim() >= 1 and x.shape[-1] % 2:
-        return vllm_ir.Unsupported(f"the last dimension ({x.shape[-1]}) is odd (native's halves do not match)")
-    return None
-
-
-def add_static_supports(x, x_residual, weight, scale, fp8_dtype) -> bool | vllm_ir.Unsupported:
-    return _first(_common(x, x_residual, weight, fp8_dtype), _static_scale(x, scale))
-
-
-def static_supports(x, weight, scale, fp8_dtype) -> bool | vllm_ir.Unsupported:
-    return add_static_supports(x, None, weight, scale, fp8_dtype)
-
-
-def dynamic_supports(x, x_residual, weight, fp8_dtype, scale_ub) -> bool | vllm_ir.Unsupported:
-    verdict = _common(x, x_residual, weight, fp8_dtype)
-    if verdict is None and scale_ub is not None:
-        if scale_ub.dtype != torch.float32 or scale_ub.device != x.device or scale_ub.numel() != 1:
-            verdict = vllm_ir.Unsupported(
-                f"scale_ub must be one float32 element on x's device, got {scale_ub.dtype} "
-                f"{list(scale_ub.shape)} on {scale_ub.device}"
-            )
-        elif scale_ub.dim() > 1:
-            verdict = vllm_ir.Unsupported(f"scale_ub is {scale_ub.dim()}-D (native broadcasts the scale's shape to it)")
-    return _first(verdict)
-
-
-def group_supports(x, x_residual, weight, group_size, column_major, fp8_dtype) -> bool | vllm_ir.Unsupported:
-    verdict = _common(x, x_residual, weight, fp8_dtype, group_size)
-    if verdict is None and column_major and x.dim() < 2:
-        verdict = vllm_ir.Unsupported("column_major scales of a 1-D x (native raises)")
-    return _first(verdict)
-
-
-def silu_static_supports(x, scale, fp8_dtype) -> bool | vllm_ir.Unsupported:
-    return _first(_gated(x), _common(x, None, None, fp8_dtype), _static_scale(x, scale))
-
-
-def silu_group_supports(x, group_size, column_major, fp8_dtype) -> bool | vllm_ir.Unsupported:
-    verdict = _gated(x)
-    if verdict is None:
-        verdict = _common(x, None, None, fp8_dtype, group_size)
-    if verdict is None and column_major and x.dim() < 2:
-        verdict = vllm_ir.Unsupported("column_major scales of a 1-D x (native raises)")
-    return _first(verdict)
+#: The rows every op checks first (the fp8 dtype, then x), and the optional residual and weight
+#: of the norm ops, in the order they are asked.
+ROWS = (fp8_verdict, rows_verdict)
+RESIDUAL = (residual_verdict, _residual_rows)
+WEIGHT = (weight_verdict, _weight_shape)
 
 
 if TRITON.available:
@@ -168,37 +124,37 @@ def _check_group_size(op: str, group_size: int) -> None:
         raise ValueError(f"{op} (provider triton): group_size must be >= 1, got {group_size}")
 
 
-@TRITON.impl("rms_norm_static_fp8_quant", supports=static_supports)
+@TRITON.impl("rms_norm_static_fp8_quant", supports=(*ROWS, _row_fits, *WEIGHT, _static_scale))
 def rms_norm_static_fp8_quant(x, weight, epsilon, scale, fp8_dtype):
     return _norm(x, None, weight, epsilon, fp8_dtype, _STATIC, scale=scale)[0]
 
 
-@TRITON.impl("fused_add_rms_norm_static_fp8_quant", supports=add_static_supports)
+@TRITON.impl("fused_add_rms_norm_static_fp8_quant", supports=(*ROWS, _row_fits, *RESIDUAL, *WEIGHT, _static_scale))
 def fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, fp8_dtype):
     q, _, residual = _norm(x, x_residual, weight, epsilon, fp8_dtype, _STATIC, scale=scale)
     return q, residual
 
 
-@TRITON.impl("rms_norm_dynamic_per_token_fp8_quant", supports=dynamic_supports)
+@TRITON.impl("rms_norm_dynamic_per_token_fp8_quant", supports=(*ROWS, _row_fits, *RESIDUAL, *WEIGHT, scale_ub_verdict))
 def rms_norm_dynamic_per_token_fp8_quant(x, x_residual, weight, epsilon, fp8_dtype, scale_ub=None):
     return _norm(x, x_residual, weight, epsilon, fp8_dtype, _PER_TOKEN, scale_ub=scale_ub)
 
 
-@TRITON.impl("rms_norm_group_fp8_quant", supports=group_supports)
+@TRITON.impl("rms_norm_group_fp8_quant", supports=(*ROWS, _groups_fit, *RESIDUAL, *WEIGHT, column_major_verdict))
 def rms_norm_group_fp8_quant(x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype):
     _check_group_size("rms_norm_group_fp8_quant", group_size)
     group = (group_size, column_major, use_ue8m0)
     return _norm(x, x_residual, weight, epsilon, fp8_dtype, _GROUP, group=group)
 
 
-@TRITON.impl("silu_and_mul_static_fp8_quant", supports=silu_static_supports)
+@TRITON.impl("silu_and_mul_static_fp8_quant", supports=(halves_verdict, *ROWS, _row_fits, _static_scale))
 def silu_and_mul_static_fp8_quant(x, scale, fp8_dtype):
     q = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8, device=x.device)
     silu_and_mul_fp8_quant_out(q, None, x, scale, _STATIC, 1, False, fp8_dtype)
     return q.view(fp8_dtype)
 
 
-@TRITON.impl("silu_and_mul_group_fp8_quant", supports=silu_group_supports)
+@TRITON.impl("silu_and_mul_group_fp8_quant", supports=(halves_verdict, *ROWS, _groups_fit, column_major_verdict))
 def silu_and_mul_group_fp8_quant(x, group_size, column_major, use_ue8m0, fp8_dtype):
     _check_group_size("silu_and_mul_group_fp8_quant", group_size)
     shape = (*x.shape[:-1], x.shape[-1] // 2)

@@ -17,24 +17,23 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_triton import TRITON, interpreting
+from vllm_ir_provider_triton import DTYPES, TRITON, on_cpu_verdict
 
 #: Rows longer than this would not fit one program's registers on GPUs: declined.
 MAX_HIDDEN = 65536
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     """What both norms check (rms_norm's predicate)."""
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported")
-    if x.dtype not in _DTYPES:
+    if x.dtype not in DTYPES:
         return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
     if x.dim() == 0:
         return vllm_ir.Unsupported("x is 0-d (the kernels normalize rows)")
     if x.shape[-1] > MAX_HIDDEN:
         return vllm_ir.Unsupported(f"hidden size {x.shape[-1]} > {MAX_HIDDEN} (one row per program)")
-    if weight is not None and weight.dtype not in _DTYPES:
+    if weight is not None and weight.dtype not in DTYPES:
         return vllm_ir.Unsupported(f"weight dtype {weight.dtype} is not one of float32, float16, bfloat16")
     if weight is not None and weight.device != x.device:
         return vllm_ir.Unsupported(f"weight is on {weight.device}, x on {x.device}")
@@ -44,14 +43,11 @@ def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | Non
         return vllm_ir.Unsupported("weight is not contiguous")
     if not x.is_contiguous() and not (x.dim() == 2 and x.stride(-1) == 1):
         return vllm_ir.Unsupported("input must be contiguous, or 2-D rows with a unit inner stride")
-    if x.device.type == "cpu" and not interpreting():
-        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
-    return True
+    return on_cpu_verdict(x)
 
 
-def fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
-) -> bool | vllm_ir.Unsupported:
+def residual_supports(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
+    """fused_add_rms_norm's residual (checked before `rms_norm_supports`): like x, in rows."""
     if x_residual.dtype != x.dtype:
         return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
     if x_residual.device != x.device:
@@ -62,7 +58,7 @@ def fused_add_rms_norm_supports(
         )
     if not x_residual.is_contiguous() and not (x_residual.dim() == 2 and x_residual.stride(-1) == 1):
         return vllm_ir.Unsupported("residual must be contiguous, or 2-D rows with a unit inner stride")
-    return rms_norm_supports(x, weight, variance_size)
+    return True
 
 
 if TRITON.available:
@@ -77,7 +73,7 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     return out
 
 
-@TRITON.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports, inplace=True, batch_invariant=False)
+@TRITON.impl("fused_add_rms_norm", supports=(residual_supports, rms_norm_supports), inplace=True, batch_invariant=False)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     fused_add_rms_norm_(x, x_residual, weight, epsilon)
     return x, x_residual

@@ -24,11 +24,10 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.ir.declarations.quant import FP8_RANGES, padded_shape, padding_verdict
 from vllm_ir.plugins.provider import empty_group_scales
-from vllm_ir_provider_triton import TRITON, interpreting
+from vllm_ir_provider_triton import TRITON, dtype_and_device_verdict
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 #: Mirrors kernels/quant.py (importing it needs Triton, predicates must not).
 MAX_GROUP = 4096
 
@@ -47,35 +46,28 @@ def _rows_stride(x: Tensor) -> int | None:
     return x.stride(-2)
 
 
-def x_rows_verdict(x: Tensor, fp8_dtype: torch.dtype) -> vllm_ir.Unsupported | None:
-    """Why the quant kernels (the fused ones too) cannot quantize ``x`` row by row into fp8_dtype, or None."""
-    if fp8_dtype not in _FP8_DTYPES:
+def fp8_verdict(fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
+    """The fp8 dtypes the quant kernels (the fused ones too) write: the ones native takes."""
+    if fp8_dtype not in FP8_RANGES:
         return vllm_ir.Unsupported(f"fp8_dtype {fp8_dtype} is not float8_e4m3fn or float8_e4m3fnuz (native raises)")
-    if x.dtype not in _DTYPES:
-        return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
-    if x.device.type not in ("cpu", "cuda", "xpu"):
-        return vllm_ir.Unsupported(f"x is on {x.device.type}; Triton runs on GPUs (or CPU when interpreting)")
-    if x.device.type == "cpu" and not interpreting():
-        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
+    return True
+
+
+def rows_verdict(x: Tensor) -> bool | vllm_ir.Unsupported:
+    """Whether the quant kernels (the fused ones too) can quantize ``x`` row by row, after `fp8_verdict`."""
+    verdict = dtype_and_device_verdict(x)
+    if not verdict:
+        return verdict
     if x.dim() == 0:
         return vllm_ir.Unsupported("x is 0-d (the kernels quantize rows of a last dimension)")
     if _rows_stride(x) is None:
         return vllm_ir.Unsupported(
             "x is not rows with one row stride (a strided last dimension, or leading dimensions that do not collapse)"
         )
-    return None
-
-
-def _common(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> bool | vllm_ir.Unsupported:
-    verdict = x_rows_verdict(x, fp8_dtype)
-    if verdict is not None:
-        return verdict
-    if num_token_padding is not None and x.dim() != 2:
-        return vllm_ir.Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
     return True
 
 
-def _same_device(x: Tensor, name: str, t: Tensor) -> bool | vllm_ir.Unsupported:
+def _float32_on_x_device(x: Tensor, name: str, t: Tensor) -> bool | vllm_ir.Unsupported:
     if t.dtype != torch.float32:
         return vllm_ir.Unsupported(f"{name} dtype {t.dtype} is not float32")
     if t.device != x.device:
@@ -83,10 +75,8 @@ def _same_device(x: Tensor, name: str, t: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def static_supports(
-    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
-) -> bool | vllm_ir.Unsupported:
-    verdict = _common(x, fp8_dtype, num_token_padding) and _same_device(x, "scale", scale)
+def scale_verdict(x: Tensor, scale: Tensor) -> bool | vllm_ir.Unsupported:
+    verdict = _float32_on_x_device(x, "scale", scale)
     if not verdict:
         return verdict
     if scale.dim() == 2 and x.dim() == 1:
@@ -104,31 +94,24 @@ def static_supports(
     return True
 
 
-def dynamic_supports(
-    x: Tensor, per_token: bool, fp8_dtype: torch.dtype, scale_ub: Tensor | None, num_token_padding: int | None
-) -> bool | vllm_ir.Unsupported:
-    verdict = _common(x, fp8_dtype, num_token_padding)
-    if not verdict:
-        return verdict
+def per_token_verdict(x: Tensor, per_token: bool) -> bool | vllm_ir.Unsupported:
     if per_token and x.shape[-1] == 0:
         return vllm_ir.Unsupported("per-token scales of rows with no elements (native raises)")
-    if scale_ub is not None:
-        verdict = _same_device(x, "scale_ub", scale_ub)
-        if not verdict:
-            return verdict
-        if scale_ub.dim() > 1 or scale_ub.numel() != 1:
-            return vllm_ir.Unsupported(
-                f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D)"
-            )
     return True
 
 
-def group_supports(
-    x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch.dtype
-) -> bool | vllm_ir.Unsupported:
-    verdict = _common(x, fp8_dtype)
-    if not verdict:
-        return verdict
+def scale_ub_verdict(x: Tensor, scale_ub: Tensor | None) -> bool | vllm_ir.Unsupported:
+    if scale_ub is None:
+        return True
+    verdict = _float32_on_x_device(x, "scale_ub", scale_ub)
+    if verdict and (scale_ub.dim() > 1 or scale_ub.numel() != 1):
+        return vllm_ir.Unsupported(
+            f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D)"
+        )
+    return verdict
+
+
+def group_verdict(x: Tensor, group_size: int, column_major: bool) -> bool | vllm_ir.Unsupported:
     if not 1 <= group_size <= MAX_GROUP:
         return vllm_ir.Unsupported(f"group_size {group_size} is not in [1, {MAX_GROUP}] (one group per program row)")
     if column_major and x.dim() < 2:
@@ -179,43 +162,39 @@ def scale_plan(x: Tensor, scale: Tensor) -> tuple[Tensor, int, int]:
     return flat, (1 if s_rows == rows else max(rows, 1)), (1 if scale.shape[-1] == cols else max(cols, 1))
 
 
-def _q_bytes(x: Tensor, num_token_padding: int | None = None) -> Tensor:
-    """q's bytes (the kernels write uint8; the result is viewed as fp8): x's shape, or at least
-    ``num_token_padding`` rows (left unwritten past x's)."""
-    shape = tuple(x.shape)
-    if num_token_padding is not None:
-        shape = (max(shape[0], num_token_padding), shape[1])
-    return torch.empty(shape, dtype=torch.uint8, device=x.device)
-
-
 if TRITON.available:
     from vllm_ir_provider_triton.kernels.quant import dynamic_quant_fp8_out, group_quant_fp8_out, static_quant_fp8_out
 
+# The kernels write q's bytes (uint8, at least ``num_token_padding`` rows, those past x's left
+# unwritten); the result is their fp8 view.
 
-@TRITON.impl("static_quant_fp8", supports=static_supports)
+
+@TRITON.impl("static_quant_fp8", supports=(fp8_verdict, rows_verdict, padding_verdict, scale_verdict))
 def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
-    q = _q_bytes(x, num_token_padding)
+    q = torch.empty(padded_shape(x, num_token_padding), dtype=torch.uint8, device=x.device)
     scale2d, group_r, group_c = scale_plan(x, scale)
     static_quant_fp8_out(q, x, scale2d, group_r, group_c, fp8_dtype)
     return q.view(fp8_dtype)
 
 
-@TRITON.impl("dynamic_quant_fp8", supports=dynamic_supports)
+@TRITON.impl(
+    "dynamic_quant_fp8", supports=(fp8_verdict, rows_verdict, padding_verdict, per_token_verdict, scale_ub_verdict)
+)
 def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
-    q = _q_bytes(x, num_token_padding)
+    q = torch.empty(padded_shape(x, num_token_padding), dtype=torch.uint8, device=x.device)
     shape = (*x.shape[:-1], 1) if per_token else (1,)
     scale = torch.empty(shape, dtype=torch.float32, device=x.device)
     dynamic_quant_fp8_out(q, scale, x, scale_ub, per_token, fp8_dtype)
     return q.view(fp8_dtype), scale
 
 
-@TRITON.impl("dynamic_group_quant_fp8", supports=group_supports)
+@TRITON.impl("dynamic_group_quant_fp8", supports=(fp8_verdict, rows_verdict, group_verdict))
 def dynamic_group_quant_fp8(x, group_size, column_major, use_ue8m0, fp8_dtype):
     if not 1 <= group_size <= MAX_GROUP:
         raise ValueError(
             f"dynamic_group_quant_fp8 (provider triton): group_size must be in [1, {MAX_GROUP}], got {group_size}"
         )
-    q = _q_bytes(x)
+    q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     scales = empty_group_scales(x.shape, group_size, column_major, x.device)
     group_quant_fp8_out(q, scales, x, group_size, use_ue8m0, fp8_dtype)
     return q.view(fp8_dtype), scales

@@ -8,14 +8,12 @@ rounded to the dtype, the op's rounding points.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 import vllm_ir
 from vllm_ir.ir.declarations.rotary import inplace_kernel_verdict
-from vllm_ir_provider_triton import TRITON, interpreting
+from vllm_ir_provider_triton import DTYPES, TRITON, on_cpu_verdict
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Channel pairs one program rotates at most (its registers on GPUs).
 MAX_ROTARY_DIM = 4096
 
@@ -23,14 +21,12 @@ MAX_ROTARY_DIM = 4096
 def rotary_embedding_supports(
     positions: Tensor, query: Tensor, key: Tensor | None, head_size: int, cos_sin_cache: Tensor, rotary_dim: int | None
 ) -> bool | vllm_ir.Unsupported:
-    verdict = inplace_kernel_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, _DTYPES)
+    verdict = inplace_kernel_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES)
     if verdict is not None:
         return verdict
     if (cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim) > MAX_ROTARY_DIM:
         return vllm_ir.Unsupported(f"rotary_dim > {MAX_ROTARY_DIM} (one head per program)")
-    if query.device.type == "cpu" and not interpreting():
-        return vllm_ir.Unsupported("CPU tensors need TRITON_INTERPRET=1")
-    return True
+    return on_cpu_verdict(query)
 
 
 if TRITON.available:
