@@ -9,7 +9,8 @@ dimension and its stride, never the batch size or values. The C++ ops accept eve
 the last dimension so that ``explain`` says what would be slow about it.
 
 Numerics (checked by the conformance kit): the CPU kernels of ``silu_and_mul``,
-``mul_and_silu``, ``fatrelu_and_mul`` and ``relu2`` are bit-identical to native (``exact``).
+``mul_and_silu``, ``fatrelu_and_mul`` and ``relu2`` are bit-identical to native (``exact``; the
+two silu ops only where the running variant and ATen's compute exp alike, see `EXP_BASED`).
 ``gelu_and_mul`` is too wherever native runs ATen's gelu kernel, but native hands a contiguous
 gate (a single row) to oneDNN, whose erf differs in the last bits; ``swigluoai_and_mul`` rounds
 like native but its sigmoid's scalar/vector split follows the row, not native's flattened
@@ -58,8 +59,24 @@ EXACT_ON_CPU = ("silu_and_mul", "mul_and_silu", "fatrelu_and_mul", "relu2")
 EAGER_FIRST = {"cpu": (*GATED, *ROW_STATISTIC_GATED, *ELEMENTWISE), "cuda": (*GATED, *ELEMENTWISE)}
 
 
+#: Exact only where the running variant calls the exp ATen's running kernels call: Sleef's in
+#: ATen's x86 vector builds (AVX2 and AVX-512 alike), the C library's in its DEFAULT one. A
+#: library built without vector variants (``VLLM_IR_C_CPU_CAPABILITIES=""``, a compiler that
+#: cannot target them) runs DEFAULT beside a vector ATen: within tolerance, not bit-identical.
+EXP_BASED = ("silu_and_mul", "mul_and_silu")
+_VECTOR_VARIANTS = ("AVX2", "AVX512", "AVX512_BF16")
+
+
+def same_exp_as_aten() -> bool:
+    """Whether the running kernel variant and ATen's are on the same side (vector or DEFAULT)."""
+    if not STATUS.loaded:
+        return True
+    ours, aten = torch.ops.vllm_ir_c.cpu_capability(), torch.backends.cpu.get_cpu_capability()
+    return (ours in _VECTOR_VARIANTS) == (aten in _VECTOR_VARIANTS)
+
+
 def _exact(name: str) -> bool:
-    return DEVICES == ("cpu",) and name in EXACT_ON_CPU
+    return DEVICES == ("cpu",) and name in EXACT_ON_CPU and (name not in EXP_BASED or same_exp_as_aten())
 
 
 def elementwise_verdict(x: Tensor) -> bool | Unsupported:
