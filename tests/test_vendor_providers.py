@@ -521,7 +521,7 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     ],
 )
 def test_aiter_static_quant_declines_with_reason(aiter_quant, on_device, args, reason):
-    verdict = aiter_quant.static_rules(*args)
+    verdict = supports("static_quant_fp8", "aiter", *args)
     assert not verdict and reason in verdict.reason
 
 
@@ -533,9 +533,8 @@ def test_aiter_static_quant_accepts_and_declines_cpu_and_other_gpu_fp8(aiter_dou
     )
     monkeypatch.setattr(aiter_quant, "_on_gpu", lambda x: True)  # stand in for a ROCm tensor
     aiter_quant.ops.fp8_dtype.cache_clear()
-    assert aiter_quant.static_rules(x, torch.ones(1), E4M3, None) is True
-    assert aiter_quant.static_rules(x, torch.tensor(0.5), E4M3, None) is True  # 0-d scale
     assert supports("static_quant_fp8", "aiter", x, torch.ones(1), E4M3) is True
+    assert supports("static_quant_fp8", "aiter", x, torch.tensor(0.5), E4M3) is True  # 0-d scale
     monkeypatch.setattr(aiter_double.dtypes, "fp8", FNUZ)  # a gfx942
     aiter_quant.ops.fp8_dtype.cache_clear()
     verdict = supports("static_quant_fp8", "aiter", x, torch.ones(1), E4M3)
@@ -571,25 +570,25 @@ def test_aiter_static_quant_is_one_opaque_node_and_raises_on_other_scales(aiter_
 
 
 @pytest.mark.parametrize(
-    ("rules", "args", "reason"),
+    ("op_name", "args", "reason"),
     [
-        ("static_rules", (torch.randn(4, 8), torch.ones(1), FNUZ, None), "quantizes to float8_e4m3fn"),
-        ("static_rules", (torch.randn(4, 8).double(), torch.ones(1), E4M3, None), "not torch.float64"),
-        ("static_rules", (torch.randn(8), torch.ones(1), E4M3, None), "x is 1-D"),
-        ("static_rules", (torch.randn(4, 0), torch.ones(1), E4M3, None), "last dimension is 0"),
-        ("static_rules", (torch.randn(8, 4).t(), torch.ones(1), E4M3, None), "rows have no single stride"),
-        ("static_rules", (torch.randn(2, 4, 8), torch.ones(2, 4, 1), E4M3, None), "scale is 3-D"),
-        ("static_rules", (torch.randn(2, 4, 8), torch.ones(2, 1), E4M3, None), "a 2-D scale with a 3-D x"),
-        ("dynamic_rules", (torch.randn(4, 8), False, E4M3, torch.ones(1), None), "scale_ub with per-tensor scales"),
-        ("dynamic_rules", (torch.randn(4, 16)[:, :8], True, E4M3, None, None), "x must be contiguous"),
-        ("dynamic_rules", (torch.randn(4, 8), True, E4M3, torch.ones(2), None), "scale_ub must be one float32"),
-        ("group_rules", (torch.randn(4, 40), 16, False, E4M3), "not a multiple of group_size 16"),
-        ("group_rules", (torch.randn(4, 64)[:, :32], 16, False, E4M3), "x must be contiguous"),
-        ("group_rules", (torch.randn(2, 4, 32), 16, True, E4M3), "column_major scales of a 3-D x"),
+        ("static_quant_fp8", (torch.randn(4, 8), torch.ones(1), FNUZ, None), "quantizes to float8_e4m3fn"),
+        ("static_quant_fp8", (torch.randn(4, 8).double(), torch.ones(1), E4M3, None), "not torch.float64"),
+        ("static_quant_fp8", (torch.randn(8), torch.ones(1), E4M3, None), "x is 1-D"),
+        ("static_quant_fp8", (torch.randn(4, 0), torch.ones(1), E4M3, None), "last dimension is 0"),
+        ("static_quant_fp8", (torch.randn(8, 4).t(), torch.ones(1), E4M3, None), "rows have no single stride"),
+        ("static_quant_fp8", (torch.randn(2, 4, 8), torch.ones(2, 4, 1), E4M3, None), "scale is 3-D"),
+        ("static_quant_fp8", (torch.randn(2, 4, 8), torch.ones(2, 1), E4M3, None), "a 2-D scale with a 3-D x"),
+        ("dynamic_quant_fp8", (torch.randn(4, 8), False, E4M3, torch.ones(1), None), "scale_ub with per-tensor scales"),
+        ("dynamic_quant_fp8", (torch.randn(4, 16)[:, :8], True, E4M3, None, None), "x must be contiguous"),
+        ("dynamic_quant_fp8", (torch.randn(4, 8), True, E4M3, torch.ones(2), None), "scale_ub must be one float32"),
+        ("dynamic_group_quant_fp8", (torch.randn(4, 40), 16, False, False, E4M3), "not a multiple of group_size 16"),
+        ("dynamic_group_quant_fp8", (torch.randn(4, 64)[:, :32], 16, False, False, E4M3), "x must be contiguous"),
+        ("dynamic_group_quant_fp8", (torch.randn(2, 4, 32), 16, True, False, E4M3), "column_major scales of a 3-D x"),
     ],
 )
-def test_xpu_quant_declines_with_reason(xpu_quant, on_device, rules, args, reason):
-    verdict = getattr(xpu_quant, rules)(*args)
+def test_xpu_quant_declines_with_reason(xpu_quant, on_device, op_name, args, reason):
+    verdict = supports(op_name, "xpu_kernels", *args)
     assert not verdict and reason in verdict.reason
 
 

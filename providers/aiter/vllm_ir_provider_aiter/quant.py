@@ -26,16 +26,15 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.ir.declarations.quant import padding_verdict
 from vllm_ir_provider_aiter import AITER, _on_gpu, ops
 
 DTYPES = (torch.float16, torch.bfloat16)
 
 
-def static_rules(
-    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
-) -> bool | vllm_ir.Unsupported:
-    """The kernel's predicate: the device, the argument rules (unit-tested on CPU tensors, the
-    device check stood in for), then the fp8 dtype AITER writes on this GPU."""
+def static_rules(x: Tensor, fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
+    """The device, then x's and the fp8 dtype's rules (unit-tested on CPU tensors, the device
+    check stood in for); the scale's, the padding's and the GPU's fp8 dtype follow."""
     if not (on_gpu := _on_gpu(x)):
         return on_gpu
     if fp8_dtype != torch.float8_e4m3fn:
@@ -50,20 +49,27 @@ def static_rules(
         )
     if not x.is_contiguous():
         return vllm_ir.Unsupported("x must be contiguous: AITER addresses row t at t * K, without a row stride")
+    return True
+
+
+def scale_rules(x: Tensor, scale: Tensor) -> bool | vllm_ir.Unsupported:
     if scale.dtype != torch.float32 or scale.device != x.device:
         return vllm_ir.Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
     if scale.numel() != 1:
         return vllm_ir.Unsupported(
             f"a scale of shape {list(scale.shape)}: AITER's static quant takes one per-tensor scale"
         )
-    if num_token_padding is not None and x.dim() != 2:
-        return vllm_ir.Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
-    if ops.fp8_dtype() != fp8_dtype:  # imports AITER: asked last, on a ROCm GPU only
+    return True
+
+
+def gpu_fp8_rules(fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
+    """The fp8 dtype AITER writes on this GPU (imports AITER: asked last, on a ROCm GPU only)."""
+    if ops.fp8_dtype() != fp8_dtype:
         return vllm_ir.Unsupported(f"AITER on this GPU quantizes to {ops.fp8_dtype()}, not {fp8_dtype}")
     return True
 
 
-@AITER.impl("static_quant_fp8", supports=static_rules)
+@AITER.impl("static_quant_fp8", supports=(static_rules, scale_rules, padding_verdict, gpu_fp8_rules))
 def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     if scale.numel() != 1:
         raise ValueError(

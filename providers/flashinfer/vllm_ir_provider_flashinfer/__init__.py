@@ -100,12 +100,11 @@ def rules(x: Tensor, weight: Tensor | None, group_name: str) -> bool | vllm_ir.U
     return True
 
 
-def all_reduce_fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, group_name: str
-) -> bool | vllm_ir.Unsupported:
+def residual_rules(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
+    """What ``all_reduce_fused_add_rms_norm`` asks before `rules`."""
     if x_residual.shape != x.shape or x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("residual must be contiguous with x's shape and dtype")
-    return rules(x, weight, group_name)
+    return True
 
 
 SUPPORTED = availability()
@@ -121,7 +120,7 @@ def all_reduce_rms_norm(x, weight, epsilon, group_name):
     return ops.allreduce_fusion(x, None, weight, epsilon, group_name)
 
 
-@FLASHINFER.impl("all_reduce_fused_add_rms_norm", supports=all_reduce_fused_add_rms_norm_supports)
+@FLASHINFER.impl("all_reduce_fused_add_rms_norm", supports=(residual_rules, rules))
 def all_reduce_fused_add_rms_norm(x, x_residual, weight, epsilon, group_name):
     return ops.allreduce_fusion(x, x_residual, weight, epsilon, group_name)
 

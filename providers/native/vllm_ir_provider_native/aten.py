@@ -68,10 +68,10 @@ def _x(x: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def _rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
+def _variance_size(variance_size: int | None) -> bool | vllm_ir.Unsupported:
     if variance_size is not None:
         return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
-    return _x(x) and _weight(x, weight)
+    return True
 
 
 def _normed(x: Tensor, weight: Tensor | None, epsilon: float) -> Tensor:
@@ -95,17 +95,14 @@ def _weighted_by_x_dtype(x: Tensor, weight: Tensor | None) -> bool:
     return weight is not None and weight.dtype == x.dtype and x.dtype != torch.float32
 
 
-@ATEN.impl("rms_norm", supports=_rms_norm_supports)
+@ATEN.impl("rms_norm", supports=(_variance_size, _x, _weight))
 def rms_norm(x, weight, epsilon, variance_size=None):
     y = _normed(x, weight, epsilon)
     return y.mul_(weight) if _weighted_by_x_dtype(x, weight) else y
 
 
-def _fused_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
-) -> bool | vllm_ir.Unsupported:
-    if variance_size is not None:
-        return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
+def _residual(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
+    """``fused_add_rms_norm``'s own rules, asked between `_variance_size` and `_x`."""
     if x.dtype != torch.float32 and x.dtype in DTYPES:
         return vllm_ir.Unsupported(
             f"{x.dtype} x: the op normalizes the float32 sum, which ATen ops hold only in float32 "
@@ -119,13 +116,13 @@ def _fused_supports(
         return vllm_ir.Unsupported(
             f"residual shape {list(x_residual.shape)} != x shape {list(x.shape)} (native broadcasts; in place cannot)"
         )
-    return _x(x) and _weight(x, weight)
+    return True
 
 
-@ATEN.impl("fused_add_rms_norm", supports=_fused_supports, inplace=True)
+@ATEN.impl("fused_add_rms_norm", supports=(_variance_size, _residual, _x, _weight), inplace=True)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     if x.is_contiguous() and x_residual.is_contiguous():
-        total = x_residual.add_(x)  # float32 (see _fused_supports): the sum is the new residual
+        total = x_residual.add_(x)  # float32 (see _residual): the sum is the new residual
         squares = torch.mul(total, total, out=x)  # x's values are in the sum: x holds the squares
     else:  # strided: the op's own temporaries, whose layout fixes the order its mean sums in
         summed = x + x_residual

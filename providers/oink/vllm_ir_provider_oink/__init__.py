@@ -110,20 +110,15 @@ def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool |
     return True
 
 
-def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
-    return _on_blackwell(x) and rules(x, weight, variance_size)
-
-
-def fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
-) -> bool | vllm_ir.Unsupported:
+def residual_rules(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
+    """What ``fused_add_rms_norm`` asks before the device and `rules`."""
     # In place on both: contiguous buffers of one shape and dtype (a clone for the functional
     # overload is then contiguous too, and just as aligned).
     if x_residual.shape != x.shape or x_residual.dtype != x.dtype:
         return vllm_ir.Unsupported("residual must have x's shape and dtype")
     if not x.is_contiguous() or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("x and residual must be contiguous (Oink adds and normalizes in place)")
-    return rms_norm_supports(x, weight, variance_size)
+    return True
 
 
 @functools.cache
@@ -142,7 +137,7 @@ SUPPORTED = availability()
 OINK = Provider(PROVIDER, available=SUPPORTED)
 
 
-@OINK.impl("rms_norm", supports=rms_norm_supports)
+@OINK.impl("rms_norm", supports=(_on_blackwell, rules))
 def rms_norm(x, weight, epsilon, variance_size=None):
     if x.numel() == 0:
         return torch.empty_like(x)
@@ -150,7 +145,7 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     return _vendor_ops().rmsnorm(rows, weight_or_ones(x, weight), epsilon).view(x.shape)
 
 
-@OINK.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports, inplace=True)
+@OINK.impl("fused_add_rms_norm", supports=(residual_rules, _on_blackwell, rules), inplace=True)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     if x.numel():
         hidden = x.shape[-1]

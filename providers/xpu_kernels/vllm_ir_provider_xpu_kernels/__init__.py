@@ -66,12 +66,11 @@ def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool |
     return True
 
 
-def fused_add_rms_norm_supports(
-    x: Tensor, x_residual: Tensor, weight: Tensor | None, variance_size: int | None
-) -> bool | vllm_ir.Unsupported:
+def residual_rules(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
+    """What ``fused_add_rms_norm`` asks before `rules`."""
     if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
-    return rules(x, weight, variance_size)
+    return True
 
 
 SUPPORTED = availability()
@@ -86,7 +85,7 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     return out
 
 
-@XPU.impl("fused_add_rms_norm", supports=fused_add_rms_norm_supports, inplace=True)
+@XPU.impl("fused_add_rms_norm", supports=(residual_rules, rules), inplace=True)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     _vendor_ops().fused_add_rms_norm(x, x_residual, weight_or_ones(x, weight), epsilon)
     return x, x_residual

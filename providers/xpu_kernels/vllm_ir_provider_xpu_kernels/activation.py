@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.ir.declarations.activation import check_approximate
 from vllm_ir.plugins.provider import deferred_custom_op
 from vllm_ir_provider_xpu_kernels import SUPPORTED, XPU, _on_xpu, _vendor_ops
 
@@ -45,6 +46,8 @@ FUNCTIONS: dict[str, bool] = {
     "gelu_quick": False,
     "relu2": False,
 }
+#: ``gelu_and_mul``'s vendor function per ``approximate``.
+_GELU_FUNCTIONS = {"none": "gelu_and_mul", "tanh": "gelu_tanh_and_mul"}
 #: Names a function had in older releases.
 _OLD_NAMES = {"relu2": "relu2_no_mul"}
 #: The gated kernels load vectors of up to 16 bytes from the data pointer.
@@ -133,30 +136,38 @@ def rules(x: Tensor, gated: bool) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def _supports(x: Tensor, function: str) -> bool | vllm_ir.Unsupported:
-    verdict = _on_xpu(x) and rules(x, FUNCTIONS[function])
-    if verdict and vendor_name(function) is None:
+def _installed(function: str) -> bool | vllm_ir.Unsupported:
+    if vendor_name(function) is None:
         return vllm_ir.Unsupported(f"the installed vllm-xpu-kernels has no {function}: upgrade it")
-    return verdict
+    return True
+
+
+def _supports(x: Tensor, function: str) -> bool | vllm_ir.Unsupported:
+    return _on_xpu(x) and rules(x, FUNCTIONS[function]) and _installed(function)
 
 
 def _call(x: Tensor, function: str, *params: float) -> Tensor:
     return activation(x, function, [float(p) for p in params])
 
 
-def gelu_and_mul_supports(x: Tensor, approximate: str) -> bool | vllm_ir.Unsupported:
-    if approximate not in ("none", "tanh"):
+def approximate_rules(approximate: str) -> bool | vllm_ir.Unsupported:
+    """What ``gelu_and_mul`` asks first; the device, the gated rules and the vendor function follow."""
+    if approximate not in _GELU_FUNCTIONS:
         return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
-    return _supports(x, "gelu_and_mul" if approximate == "none" else "gelu_tanh_and_mul")
+    return True
 
 
-@XPU.impl("gelu_and_mul", supports=gelu_and_mul_supports)
+@XPU.impl(
+    "gelu_and_mul",
+    supports=(
+        approximate_rules,
+        lambda x: _on_xpu(x) and rules(x, gated=True),
+        lambda approximate: _installed(_GELU_FUNCTIONS[approximate]),
+    ),
+)
 def gelu_and_mul(x, approximate="none"):
-    if approximate not in ("none", "tanh"):
-        raise ValueError(
-            f"gelu_and_mul (provider xpu_kernels): approximate must be 'none' or 'tanh', not {approximate!r}"
-        )
-    return _call(x, "gelu_and_mul" if approximate == "none" else "gelu_tanh_and_mul")
+    check_approximate(approximate, "gelu_and_mul (provider xpu_kernels)")
+    return _call(x, _GELU_FUNCTIONS[approximate])
 
 
 @XPU.impl("fatrelu_and_mul", supports=lambda x: _supports(x, "fatrelu_and_mul"))

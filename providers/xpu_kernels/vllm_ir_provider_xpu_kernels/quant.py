@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.ir.declarations.quant import padding_verdict
 from vllm_ir.plugins.provider import empty_group_scales
 from vllm_ir_provider_xpu_kernels import XPU, _on_xpu, _vendor_ops
 
@@ -54,9 +55,9 @@ def _rows_stride(x: Tensor) -> int | None:
     return x.stride(-2)
 
 
-def common_rules(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> bool | vllm_ir.Unsupported:
+def common_rules(x: Tensor, fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
     """What the three ops' predicates check first: the device, then the shared argument rules
-    (unit-tested on CPU tensors, the device check stood in for)."""
+    (unit-tested on CPU tensors, the device check stood in for); the padding check follows."""
     if not (on_xpu := _on_xpu(x)):
         return on_xpu
     if fp8_dtype != torch.float8_e4m3fn:
@@ -69,8 +70,6 @@ def common_rules(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | Non
         return vllm_ir.Unsupported(f"x is {x.dim()}-D (the kernels read rows at input.stride(-2))")
     if x.shape[-1] == 0:
         return vllm_ir.Unsupported("last dimension is 0 (the kernels divide by the row length)")
-    if num_token_padding is not None and x.dim() != 2:
-        return vllm_ir.Unsupported(f"num_token_padding with a {x.dim()}-D x (padding applies to 2-D x; native raises)")
     return True
 
 
@@ -79,14 +78,9 @@ def _has_group_shape() -> bool:
     return any(a.name == "group_shape" for a in schema.arguments)
 
 
-def static_rules(
-    x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None
-) -> bool | vllm_ir.Unsupported:
-    """``static_quant_fp8``'s predicate: `common_rules`, the scale's, then whether the installed
-    vllm-xpu-kernels takes a scale of several elements."""
-    verdict = common_rules(x, fp8_dtype, num_token_padding)
-    if not verdict:
-        return verdict
+def static_rules(x: Tensor, scale: Tensor) -> bool | vllm_ir.Unsupported:
+    """``static_quant_fp8``'s checks after `common_rules` and the padding: the rows', the scale's,
+    then whether the installed vllm-xpu-kernels takes a scale of several elements."""
     if _rows_stride(x) is None:
         return vllm_ir.Unsupported("x's rows have no single stride (the kernel reads row t at t * input.stride(-2))")
     if scale.dtype != torch.float32 or scale.device != x.device:
@@ -104,13 +98,9 @@ def static_rules(
     return True
 
 
-def dynamic_rules(
-    x: Tensor, per_token: bool, fp8_dtype: torch.dtype, scale_ub: Tensor | None, num_token_padding: int | None
-) -> bool | vllm_ir.Unsupported:
-    """``dynamic_quant_fp8``'s predicate: `common_rules`, then the per-token / per-tensor kernel's."""
-    verdict = common_rules(x, fp8_dtype, num_token_padding)
-    if not verdict:
-        return verdict
+def dynamic_rules(x: Tensor, per_token: bool, scale_ub: Tensor | None) -> bool | vllm_ir.Unsupported:
+    """``dynamic_quant_fp8``'s checks after `common_rules` and the padding: the per-token /
+    per-tensor kernel's."""
     if per_token and not x.is_contiguous():
         return vllm_ir.Unsupported("x must be contiguous (dynamic_per_token_scaled_fp8_quant checks it)")
     if not per_token and _rows_stride(x) is None:
@@ -123,11 +113,8 @@ def dynamic_rules(
     return True
 
 
-def group_rules(x: Tensor, group_size: int, column_major: bool, fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
-    """``dynamic_group_quant_fp8``'s predicate: `common_rules`, then the group kernel's."""
-    verdict = common_rules(x, fp8_dtype, None)
-    if not verdict:
-        return verdict
+def group_rules(x: Tensor, group_size: int, column_major: bool) -> bool | vllm_ir.Unsupported:
+    """``dynamic_group_quant_fp8``'s checks after `common_rules`: the group kernel's."""
     if group_size < 1 or x.shape[-1] % group_size:
         return vllm_ir.Unsupported(
             f"last dimension {x.shape[-1]} is not a multiple of group_size {group_size} "
@@ -150,7 +137,7 @@ def _q(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> tupl
     return q, q
 
 
-@XPU.impl("static_quant_fp8", supports=static_rules)
+@XPU.impl("static_quant_fp8", supports=(common_rules, padding_verdict, static_rules))
 def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     q, rows = _q(x, fp8_dtype, num_token_padding)
     if rows.numel() == 0:  # the launch math divides by the row length
@@ -159,7 +146,7 @@ def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     return q
 
 
-@XPU.impl("dynamic_quant_fp8", supports=dynamic_rules)
+@XPU.impl("dynamic_quant_fp8", supports=(common_rules, padding_verdict, dynamic_rules))
 def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
     q, rows = _q(x, fp8_dtype, num_token_padding)
     if per_token:
@@ -174,7 +161,7 @@ def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=
     return q, scale
 
 
-@XPU.impl("dynamic_group_quant_fp8", supports=group_rules)
+@XPU.impl("dynamic_group_quant_fp8", supports=(common_rules, group_rules))
 def dynamic_group_quant_fp8(x, group_size, column_major, use_ue8m0, fp8_dtype):
     q = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     scales = empty_group_scales(x.shape, group_size, column_major, x.device)  # in the op's layout
