@@ -17,13 +17,13 @@ example: setup
 FAST := not (slow or grid or compile or subprocess or build or triton_interp)
 
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadscope
+	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder
 
 test-fast: setup
 	$(PY) -m pytest -q -n 2 --dist load -m "$(FAST)"
 
 test-all: setup
-	$(PY) -m pytest -q -n 2 --dist loadscope -m "" --vllm-ir-full-grid
+	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder -m "" --vllm-ir-full-grid
 
 lint:
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
