@@ -70,15 +70,18 @@ def venv(tmp_path_factory, wheels) -> Path:
     env_dir = root / "venv"
     sh(sys.executable, "-m", "venv", env_dir)
     py = env_dir / "bin" / "python"
-    sh(py, "-m", "pip", "install", "-q", TORCH, "pytest", "hypothesis")
+    # --no-compile throughout: pip byte-compiles every module it installs (torch's thousands), a
+    # minute of CPU; an interpreter compiles what it imports on its own.
+    sh(py, "-m", "pip", "install", "-q", "--no-compile", TORCH, "pytest", "hypothesis")
     deps = root / "deps"
     sh(py, "-m", "pip", "download", "-q", "-d", deps, "pluggy>=1.5", "packaging>=23", "triton")
     # The core is not named: installing a provider must pull it from the wheel folder.
-    sh(py, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels, "--find-links", deps,
+    sh(py, "-m", "pip", "install", "-q", "--no-compile", "--no-index", "--find-links", wheels, "--find-links", deps,
        "vllm-ir-provider-native")  # fmt: skip
     assert "vllm-ir" in sh(py, "-m", "pip", "list").stdout
     others = [name for name in DISTS if name not in ("vllm-ir", "vllm-ir-provider-native")]
-    sh(py, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels, "--find-links", deps, *others)
+    sh(py, "-m", "pip", "install", "-q", "--no-compile", "--no-index", "--find-links", wheels, "--find-links", deps,
+       *others)  # fmt: skip
     return env_dir
 
 
