@@ -26,12 +26,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vllm_ir.ir.impl import Unsupported
 from vllm_ir.ir.op import IrOp, register_op
 
 
 def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
     d = x.shape[-1] // 2
     return x[..., :d], x[..., d:]
+
+
+def approximate_verdict(approximate: str) -> bool | Unsupported:
+    """A kernel predicate's refusal of what `check_approximate` raises for: a gelu form other
+    than "none" or "tanh" (native raises, so the call must reach native to raise)."""
+    if approximate not in ("none", "tanh"):
+        return Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
+    return True
 
 
 def check_approximate(approximate: str, who: str) -> None:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir.declarations.activation import check_approximate
+from vllm_ir.ir.declarations.activation import approximate_verdict, check_approximate
 from vllm_ir_provider_aiter import AITER, _on_gpu, ops
 
 GATED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -72,19 +72,12 @@ def gelu_fast_rules(x: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def approximate_rules(approximate: str) -> bool | vllm_ir.Unsupported:
-    """What ``gelu_and_mul`` asks before `gated_rules`."""
-    if approximate not in _GELU_FUNCTIONS:
-        return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
-    return True
-
-
 @AITER.impl("silu_and_mul", supports=gated_rules)
 def silu_and_mul(x):
     return ops.activation(x, "silu_and_mul")
 
 
-@AITER.impl("gelu_and_mul", supports=(approximate_rules, gated_rules))
+@AITER.impl("gelu_and_mul", supports=(approximate_verdict, gated_rules))
 def gelu_and_mul(x, approximate="none"):
     check_approximate(approximate, "gelu_and_mul (provider aiter)")
     return ops.activation(x, _GELU_FUNCTIONS[approximate])

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir.declarations.activation import check_approximate
+from vllm_ir.ir.declarations.activation import approximate_verdict, check_approximate
 from vllm_ir.plugins.provider import deferred_custom_op
 from vllm_ir_provider_xpu_kernels import SUPPORTED, XPU, _on_xpu, _vendor_ops
 
@@ -150,17 +150,10 @@ def _call(x: Tensor, function: str, *params: float) -> Tensor:
     return activation(x, function, [float(p) for p in params])
 
 
-def approximate_rules(approximate: str) -> bool | vllm_ir.Unsupported:
-    """What ``gelu_and_mul`` asks first; the device, the gated rules and the vendor function follow."""
-    if approximate not in _GELU_FUNCTIONS:
-        return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
-    return True
-
-
 @XPU.impl(
     "gelu_and_mul",
     supports=(
-        approximate_rules,
+        approximate_verdict,
         lambda x: _on_xpu(x) and rules(x, gated=True),
         lambda approximate: _installed(_GELU_FUNCTIONS[approximate]),
     ),

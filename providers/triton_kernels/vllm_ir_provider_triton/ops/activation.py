@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir.declarations.activation import check_approximate
+from vllm_ir.ir.declarations.activation import approximate_verdict, check_approximate
 from vllm_ir_provider_triton import TRITON, dtype_and_device_verdict
 
 #: Widest gate of gelu_and_mul_sparse's row kernel (kernels.activation.MAX_SPARSE_D; not imported
@@ -40,12 +40,6 @@ def gated_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
     if x.shape[-1] % 2:
         return vllm_ir.Unsupported(f"last dimension {x.shape[-1]} is odd (gate and up halves differ in size)")
     return elementwise_supports(x)
-
-
-def approximate_supports(approximate: str) -> bool | vllm_ir.Unsupported:
-    if approximate not in ("none", "tanh"):
-        return vllm_ir.Unsupported(f"approximate={approximate!r} is neither 'none' nor 'tanh' (native raises)")
-    return True
 
 
 def sparse_gate_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
@@ -88,7 +82,7 @@ def mul_and_silu(x):
     return _gated(x, k.SILU.value, k.GATE_SECOND.value)
 
 
-@TRITON.impl("gelu_and_mul", supports=(approximate_supports, gated_supports))
+@TRITON.impl("gelu_and_mul", supports=(approximate_verdict, gated_supports))
 def gelu_and_mul(x, approximate="none"):
     check_approximate(approximate, "gelu_and_mul (provider triton)")
     return _gated(x, (k.GELU if approximate == "none" else k.GELU_TANH).value, k.GATE_FIRST.value)
@@ -109,7 +103,7 @@ def swigluoai_and_mul(x, alpha=1.702, limit=7.0):
 
 
 # vLLM's own Triton gelu_and_mul_sparse is a triton_op too: Inductor sees into it under compile.
-@TRITON.impl("gelu_and_mul_sparse", supports=(approximate_supports, gated_supports, sparse_gate_supports))
+@TRITON.impl("gelu_and_mul_sparse", supports=(approximate_verdict, gated_supports, sparse_gate_supports))
 def gelu_and_mul_sparse(x, std_multiplier, approximate="none"):
     check_approximate(approximate, "gelu_and_mul_sparse (provider triton)")
     out = _gated_out(x)
