@@ -149,9 +149,11 @@ def residual_verdict(x: Tensor, x_residual: Tensor | None) -> bool | Unsupported
 
 def weight_verdict(x: Tensor, weight: Tensor | None) -> bool | Unsupported:
     """No weight, or one of x's dtype or float32 on x's device (its shape is each kernel's own)."""
-    if weight is not None and weight.dtype not in (x.dtype, torch.float32):
+    if weight is None:
+        return True
+    if weight.dtype not in (x.dtype, torch.float32):
         return Unsupported(f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32")
-    if weight is not None and weight.device != x.device:
+    if weight.device != x.device:
         return Unsupported(f"weight is on {weight.device}, x on {x.device}")
     return True
 
