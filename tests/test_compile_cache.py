@@ -244,6 +244,7 @@ print(json.dumps({{"hit": counters["inductor"]["fxgraph_cache_hit"], "selected":
 """
 
 
+@pytest.mark.subprocess
 def test_plain_torch_compile_keeps_its_record_when_inductors_cache_is_warm(tmp_path):
     """``torch.compile(options=inductor_options())`` run twice: the second run's graph comes from the
     cache, its passes do not run, and record_of(options) still lists what the first lowering chose."""

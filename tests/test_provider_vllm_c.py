@@ -435,6 +435,7 @@ def test_ops_trace_as_single_opaque_nodes():
 
 
 @needs_kernels
+@pytest.mark.compile
 def test_impls_compile_with_fake_tensors():
     rms_impl, fused_impl = RMS.impls["vllm_c"].fn, FUSED.impls["vllm_c"].fn
     fused_inplace = FUSED.impls["vllm_c"].inplace_fn
