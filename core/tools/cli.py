@@ -597,10 +597,6 @@ def doctor_status(report: dict[str, Any], *, strict: bool = False) -> int:
     return 1 if report["problems"] or (strict and warned) else 0
 
 
-def _indent(text: str) -> str:
-    return "\n".join("  " + line for line in text.splitlines())
-
-
 # ---------------------------------------------------------------------------------------
 # Parser
 
