@@ -6,7 +6,9 @@ What is counted (no import of any provider; the op declarations are read from ``
 with plugin autoload off):
 
 - **glue lines**: lines (all, and non-blank ones) of ``providers/*/vllm_ir_provider_*/**.py``
-  outside kernel code (Triton's ``kernels/``, the generated ``_build_info.py``), per provider.
+  outside kernel code (Triton's ``kernels/``, the generated ``_build_info.py``), per provider;
+  and **code lines**, those neither blank, comment-only nor part of a docstring (restatement is
+  code; docstrings that say why are asked for, and grow as code is folded into shared helpers).
 - **files per op**: the provider glue files that name the op (``ops.<op>``, ``"<op>"`` or a
   function called ``<op>``), plus its declaration file, per op (mean and max).
 - **signature spellings**: per op, the places outside tests and kernels (core/ and provider
@@ -15,12 +17,16 @@ with plugin autoload off):
   and a call passing the op's parameters by name in order (two or more of them). An op whose
   parameter list is a single name (``x``) counts only defs named after the op (``supports_<op>``,
   ``<op>``, ``<op>_supports``...) or decorated with its ``register_impl``; calls are not counted.
-  Also per (op, provider): the spellings in that provider's glue, where 1 is its kernel binding
-  alone (every provider binds the op once, so the total grows with the providers).
+  Also per (op, provider), for the ops a provider names: the spellings in that provider's glue,
+  where 1 is its kernel binding alone (every provider binds the op once, so the total grows with
+  the providers).
 - **add-an-op**: the lines of glue + declaration one op costs in native (declaration), vllm_c
   and Triton, as the mean over each family's ops of (declaration file + vllm_c family file +
   Triton ``ops/`` family file) / ops in the family; Triton's ``kernels/`` and csrc are the kernel
   math and not counted.
+
+``--root DIR`` measures the files of another checkout (``git worktree add /tmp/base dd8a82d``:
+the figures before the registration surface); op signatures always come from this one.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent.parent
+ROOT = HERE  # the checkout measured (--root)
 PROVIDERS = ROOT / "providers"
 DECLARATIONS = ROOT / "core" / "ir" / "declarations"
 KERNEL_PARTS = ("kernels",)
@@ -58,7 +65,7 @@ def core_files() -> list[Path]:
 
 def op_signatures() -> dict[str, tuple[list[str], Path]]:
     os.environ["VLLM_IR_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(HERE))
     import vllm_ir
 
     out = {}
@@ -123,6 +130,19 @@ def lines(path: Path) -> tuple[int, int]:
     return len(text), sum(1 for line in text if line.strip())
 
 
+def code_lines(path: Path) -> int:
+    """Lines that are neither blank, comment-only nor part of a docstring."""
+    source = path.read_text()
+    text = source.splitlines()
+    other = {i for i, line in enumerate(text, 1) if not line.strip() or line.strip().startswith("#")}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", None), str):
+                other.update(range(first.lineno, first.end_lineno + 1))
+    return len(text) - len(other)
+
+
 def measure() -> dict:
     sigs = op_signatures()
     providers = glue_files()
@@ -138,6 +158,7 @@ def measure() -> dict:
             "files": len(files),
             "lines": sum(t for t, _ in total),
             "nonblank": sum(b for _, b in total),
+            "code": sum(code_lines(p) for p in files),
         }
     glue = [p for files in providers.values() for p in files]
 
@@ -169,16 +190,27 @@ def measure() -> dict:
         if len(have) < 3:
             continue
         total = sum(lines(p)[0] for p in have)
-        add_an_op[family] = {"ops": len(ops), "lines": total, "per_op": round(total / len(ops), 1)}
+        code = sum(code_lines(p) for p in have)
+        add_an_op[family] = {
+            "ops": len(ops),
+            "lines": total,
+            "per_op": round(total / len(ops), 1),
+            "code_per_op": round(code / len(ops), 1),
+        }
 
     # The issue's own figure: rms_norm's annotated tail, as text, in glue and core.
     tail = "weight: Tensor | None, epsilon: float, variance_size: int | None = None"
     tail_count = sum(text.count(tail) for text, _ in parsed.values())
     # Per (op, provider): the spellings in that provider's glue. The declaration spells the list
-    # once; each provider's kernel binding once more, so a provider restating nothing has 1.
+    # once; each provider's kernel binding once more, so a provider restating nothing has 1. Only
+    # the ops a provider names count: a def of another op's that happens to begin with this op's
+    # parameters (aiter's static_quant_fp8 custom op against silu_and_mul_static_fp8_quant) is not
+    # a restatement of an op the provider does not implement.
     by_provider = {}
     for op in per_op:
         for name, files in providers.items():
+            if not any(mentions(*parsed[p], op) for p in files):
+                continue
             count = sum(found[p].get(op, 0) for p in files)
             if count:
                 by_provider[f"{op} / {name}"] = count
@@ -188,6 +220,7 @@ def measure() -> dict:
         "providers": per_provider,
         "glue_lines": sum(v["lines"] for v in per_provider.values()),
         "glue_nonblank": sum(v["nonblank"] for v in per_provider.values()),
+        "glue_code": sum(v["code"] for v in per_provider.values()),
         "ops": per_op,
         "signature_spellings_total": sum(spell),
         "signature_spellings_max": max(spell),
@@ -206,14 +239,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--per-op", action="store_true", help="list every op's figures")
+    parser.add_argument("--root", type=Path, help="measure the files of another checkout")
     args = parser.parse_args()
+    if args.root is not None:
+        global ROOT, PROVIDERS, DECLARATIONS
+        ROOT = args.root.resolve()
+        PROVIDERS, DECLARATIONS = ROOT / "providers", ROOT / "core" / "ir" / "declarations"
     m = measure()
     if args.json:
         print(json.dumps(m, indent=2))
         return
-    print(f"provider glue: {m['glue_lines']} lines ({m['glue_nonblank']} non-blank)")
+    print(f"provider glue: {m['glue_lines']} lines ({m['glue_nonblank']} non-blank, {m['glue_code']} code)")
     for name, v in m["providers"].items():
-        print(f"  {name:<16} {v['files']:>3} files {v['lines']:>6} lines")
+        print(f"  {name:<16} {v['files']:>3} files {v['lines']:>6} lines {v['code']:>6} code")
     print(f"files per op: mean {m['files_per_op_mean']}, max {m['files_per_op_max']}")
     print(
         f"signature spellings outside tests and kernels: {m['signature_spellings_total']} in all, "
@@ -232,7 +270,10 @@ def main() -> None:
             print(f"  {pair:<60} {n} spellings in one provider")
     print("add-an-op (declaration + vllm_c + triton glue per op, by family):")
     for family, v in m["add_an_op"].items():
-        print(f"  {family:<12} {v['ops']:>2} ops {v['lines']:>5} lines  {v['per_op']:>6} per op")
+        print(
+            f"  {family:<12} {v['ops']:>2} ops {v['lines']:>5} lines  {v['per_op']:>6} per op"
+            f"  ({v['code_per_op']} code)"
+        )
 
 
 if __name__ == "__main__":
