@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vllm_ir.ir.impl import Unsupported
 from vllm_ir.ir.op import register_op
 
 
@@ -59,6 +60,33 @@ def fused_add_rms_norm(
     if weight is not None:
         x = x.to(weight.dtype) * weight
     return x.to(orig_dtype), residual
+
+
+def variance_size_verdict(variance_size: int | None) -> bool | Unsupported:
+    """A kernel predicate's refusal of ``variance_size`` (the variance of the first channels
+    only), for kernels that normalize over the whole last dimension."""
+    if variance_size is not None:
+        return Unsupported("variance_size is not supported (the kernel normalizes over the whole last dimension)")
+    return True
+
+
+def weight_dtype_verdict(x: Tensor, weight: Tensor | None) -> bool | Unsupported:
+    """A kernel predicate's refusal of a weight whose dtype is not x's, for kernels that take the
+    weight in x's dtype (the op multiplies in the weight's own dtype)."""
+    if weight is not None and weight.dtype != x.dtype:
+        return Unsupported(
+            f"weight dtype {weight.dtype} must match x dtype {x.dtype} (the kernel takes the weight in x's dtype; "
+            "vLLM applies another weight dtype in that dtype, which it cannot reproduce)"
+        )
+    return True
+
+
+def residual_verdict(x: Tensor, x_residual: Tensor) -> bool | Unsupported:
+    """A ``fused_add_rms_norm`` kernel predicate's refusal of a residual it cannot read as x's
+    rows: one of another dtype, or not contiguous."""
+    if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
+        return Unsupported("residual must be contiguous with x's dtype")
+    return True
 
 
 def _weight(

@@ -17,6 +17,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
+from vllm_ir.ir.declarations.layernorm import residual_verdict, variance_size_verdict, weight_dtype_verdict
 from vllm_ir.plugins.provider import define_custom_ops, import_families
 from vllm_ir_provider_aiter import ops
 
@@ -51,26 +52,14 @@ def _on_gpu(x: Tensor) -> bool | vllm_ir.Unsupported:
 def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     """``rms_norm``'s predicate: the device, then the argument rules (unit-tested on CPU tensors,
     the device check stood in for)."""
-    if not (on_gpu := _on_gpu(x)):
-        return on_gpu
-    if variance_size is not None:
-        return vllm_ir.Unsupported("variance_size is not supported by AITER")
+    if not (verdict := _on_gpu(x) and variance_size_verdict(variance_size)):
+        return verdict
     if x.dtype not in DTYPES:
         return vllm_ir.Unsupported(f"AITER RMSNorm takes float16/bfloat16, not {x.dtype}")
-    if weight is not None and weight.dtype != x.dtype:
-        return vllm_ir.Unsupported(
-            f"weight dtype {weight.dtype} must match x dtype {x.dtype} (AITER's RMSNorm takes the weight "
-            "in x's dtype; vLLM applies another weight dtype in that dtype, which it cannot reproduce)"
-        )
+    if not (verdict := weight_dtype_verdict(x, weight)):
+        return verdict
     if not _flattens_without_copy(x):
         return vllm_ir.Unsupported("input cannot be flattened to 2-D without a copy (e.g. a per-head view)")
-    return True
-
-
-def residual_rules(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
-    """What ``fused_add_rms_norm`` asks before `rules`."""
-    if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
-        return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
     return True
 
 
@@ -86,7 +75,7 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     return ops.rms_norm(x, weight, epsilon)
 
 
-@AITER.impl("fused_add_rms_norm", supports=(residual_rules, rules))
+@AITER.impl("fused_add_rms_norm", supports=(residual_verdict, rules))
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     return ops.fused_add_rms_norm(x, x_residual, weight, epsilon)
 

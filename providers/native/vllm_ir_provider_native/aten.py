@@ -35,6 +35,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
+from vllm_ir.ir.declarations.layernorm import variance_size_verdict
 
 PROVIDER = "aten"
 #: The registration surface (PyTorch is always there: always available).
@@ -57,20 +58,18 @@ def _weight(x: Tensor, weight: Tensor | None) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def _x(x: Tensor) -> bool | vllm_ir.Unsupported:
+def _dtype(x: Tensor) -> bool | vllm_ir.Unsupported:
     if x.dtype not in DTYPES:
         return vllm_ir.Unsupported(
             f"dtype {x.dtype} is not float32, bfloat16 or float16"
             + (" (native computes float64 in float32; ATen would not match it)" if x.dtype == torch.float64 else "")
         )
-    if x.dim() == 0:
-        return vllm_ir.Unsupported("x is 0-d (ATen normalizes over a last dimension)")
     return True
 
 
-def _variance_size(variance_size: int | None) -> bool | vllm_ir.Unsupported:
-    if variance_size is not None:
-        return vllm_ir.Unsupported("variance_size is not supported by torch.nn.functional.rms_norm")
+def _not_0d(x: Tensor) -> bool | vllm_ir.Unsupported:
+    if x.dim() == 0:
+        return vllm_ir.Unsupported("x is 0-d (ATen normalizes over a last dimension)")
     return True
 
 
@@ -95,14 +94,14 @@ def _weighted_by_x_dtype(x: Tensor, weight: Tensor | None) -> bool:
     return weight is not None and weight.dtype == x.dtype and x.dtype != torch.float32
 
 
-@ATEN.impl("rms_norm", supports=(_variance_size, _x, _weight))
+@ATEN.impl("rms_norm", supports=(variance_size_verdict, _dtype, _not_0d, _weight))
 def rms_norm(x, weight, epsilon, variance_size=None):
     y = _normed(x, weight, epsilon)
     return y.mul_(weight) if _weighted_by_x_dtype(x, weight) else y
 
 
 def _residual(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
-    """``fused_add_rms_norm``'s own rules, asked between `_variance_size` and `_x`."""
+    """``fused_add_rms_norm``'s own rules, asked between the variance_size and the x checks."""
     if x.dtype != torch.float32 and x.dtype in DTYPES:
         return vllm_ir.Unsupported(
             f"{x.dtype} x: the op normalizes the float32 sum, which ATen ops hold only in float32 "
@@ -119,7 +118,7 @@ def _residual(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-@ATEN.impl("fused_add_rms_norm", supports=(_variance_size, _residual, _x, _weight), inplace=True)
+@ATEN.impl("fused_add_rms_norm", supports=(variance_size_verdict, _residual, _dtype, _not_0d, _weight), inplace=True)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     if x.is_contiguous() and x_residual.is_contiguous():
         total = x_residual.add_(x)  # float32 (see _residual): the sum is the new residual
@@ -139,15 +138,10 @@ def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     return x, x_residual
 
 
-def _gelu_tanh_supports(x: Tensor) -> bool | vllm_ir.Unsupported:
+def _not_16_bit(x: Tensor) -> bool | vllm_ir.Unsupported:
     if x.dtype in (torch.bfloat16, torch.float16):
         return vllm_ir.Unsupported(
             f"dtype {x.dtype}: the op rounds every step to x's dtype (vLLM's), F.gelu rounds once"
-        )
-    if x.dtype not in DTYPES:
-        return vllm_ir.Unsupported(
-            f"dtype {x.dtype} is not float32, bfloat16 or float16"
-            + (" (native computes float64 in float32; ATen would not match it)" if x.dtype == torch.float64 else "")
         )
     return True
 
@@ -157,4 +151,4 @@ def _gelu_tanh(x: Tensor) -> Tensor:
 
 
 for _op in ("gelu_new", "gelu_fast"):
-    ATEN.register(_op, _gelu_tanh, supports=_gelu_tanh_supports, batch_invariant=True)
+    ATEN.register(_op, _gelu_tanh, supports=(_not_16_bit, _dtype), batch_invariant=True)

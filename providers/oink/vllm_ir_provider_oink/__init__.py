@@ -30,6 +30,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
+from vllm_ir.ir.declarations.layernorm import variance_size_verdict, weight_dtype_verdict
 from vllm_ir.plugins.provider import weight_or_ones
 
 __version__ = "0.1.0"
@@ -83,18 +84,14 @@ def row_stride(x: Tensor) -> int | None:
 
 def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     """The argument rules, independent of the device (unit-tested on CPU tensors)."""
-    if variance_size is not None:
-        return vllm_ir.Unsupported("variance_size is not supported by Oink")
+    if not (verdict := variance_size_verdict(variance_size)):
+        return verdict
     if x.dtype not in DTYPES:
         return vllm_ir.Unsupported(f"Oink RMSNorm takes float16/bfloat16/float32, not {x.dtype}")
-    if weight is not None:
-        if weight.dtype != x.dtype:
-            return vllm_ir.Unsupported(
-                f"weight dtype {weight.dtype} must match x dtype {x.dtype} (Oink's RMSNorm takes the weight "
-                "in x's dtype; vLLM applies another weight dtype in that dtype, which it cannot reproduce)"
-            )
-        if weight.dim() != 1 or weight.shape[0] != x.shape[-1] or not weight.is_contiguous():
-            return vllm_ir.Unsupported("weight must be a contiguous 1-D [hidden] tensor")
+    if not (verdict := weight_dtype_verdict(x, weight)):
+        return verdict
+    if weight is not None and (weight.dim() != 1 or weight.shape[0] != x.shape[-1] or not weight.is_contiguous()):
+        return vllm_ir.Unsupported("weight must be a contiguous 1-D [hidden] tensor")
     if x.dim() < 2:
         return vllm_ir.Unsupported(f"Oink takes [rows, hidden]; a {x.dim()}-D input has no rows")
     stride = row_stride(x)

@@ -21,6 +21,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
+from vllm_ir.ir.declarations.layernorm import residual_verdict, variance_size_verdict, weight_dtype_verdict
 from vllm_ir.plugins.provider import import_families, weight_or_ones
 
 __version__ = "0.1.0"
@@ -52,24 +53,10 @@ def _on_xpu(x: Tensor) -> bool | vllm_ir.Unsupported:
 def rules(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
     """``rms_norm``'s predicate: the device, then the argument rules (unit-tested on CPU tensors,
     the device check stood in for)."""
-    if not (on_xpu := _on_xpu(x)):
-        return on_xpu
-    if variance_size is not None:
-        return vllm_ir.Unsupported("variance_size is not supported by vllm-xpu-kernels")
-    if weight is not None and weight.dtype != x.dtype:
-        return vllm_ir.Unsupported(
-            f"weight dtype {weight.dtype} must match x dtype {x.dtype} (vllm-xpu-kernels' RMSNorm takes the "
-            "weight in x's dtype; vLLM applies another weight dtype in that dtype, which it cannot reproduce)"
-        )
+    if not (verdict := _on_xpu(x) and variance_size_verdict(variance_size) and weight_dtype_verdict(x, weight)):
+        return verdict
     if not x.is_contiguous():
         return vllm_ir.Unsupported("input must be contiguous (the kernel would copy it)")
-    return True
-
-
-def residual_rules(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
-    """What ``fused_add_rms_norm`` asks before `rules`."""
-    if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
-        return vllm_ir.Unsupported("residual must be contiguous with x's dtype")
     return True
 
 
@@ -85,7 +72,7 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     return out
 
 
-@XPU.impl("fused_add_rms_norm", supports=(residual_rules, rules), inplace=True)
+@XPU.impl("fused_add_rms_norm", supports=(residual_verdict, rules), inplace=True)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     _vendor_ops().fused_add_rms_norm(x, x_residual, weight_or_ones(x, weight), epsilon)
     return x, x_residual
