@@ -671,12 +671,13 @@ def test_xpu_group_quant_passes_2d_scales_in_the_ops_layout(xpu_double, shape, c
 @pytest.mark.parametrize(
     ("args", "reason"),
     [
-        (lambda p, q, k, c: (p, q.double(), k.double(), 64, c.double(), None), "not torch.float64"),
+        (lambda p, q, k, c: (p, q.double(), k.double(), 64, c.double(), None), "dtype torch.float64 is not supported"),
         (lambda p, q, k, c: (p.int(), q, k, 64, c, None), "positions are torch.int32"),
         (lambda p, q, k, c: (p, q, k, 64, c.half(), None), "cos_sin_cache is torch.float16"),
         (lambda p, q, k, c: (p, q, k, 64, c.t().contiguous().t(), None), "contiguous [max_position, rotary_dim]"),
-        (lambda p, q, k, c: (p, q, k, 64, c, 32), "rotary_dim 32 / cache width 64"),
-        (lambda p, q, k, c: (p, q.view(4, 2, 64)[:, :, ::2], None, 32, c[:, :32].contiguous(), None), "unit channel"),
+        (lambda p, q, k, c: (p, q, k, 64, c, 32), "is not [max_position, rotary_dim=32]"),
+        (lambda p, q, k, c: (p, q.view(4, 2, 64)[:, :, ::2], None, 32, c[:, :32].contiguous(), None), "stride 2"),
+        (lambda p, q, k, c: (p, q.view(4, 2, 64)[:, :, :32], None, 64, c, None), "unit channel"),
         (lambda p, q, k, c: (p, q, torch.randn(4, 2, 96)[..., :64], 64, c, None), "key's head stride 96"),
     ],
 )

@@ -26,6 +26,8 @@ from vllm_ir.plugins.provider import import_families, weight_or_ones
 
 __version__ = "0.1.0"
 PROVIDER = "xpu_kernels"
+#: What the activation, quant and rotary kernels take.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def availability() -> bool | vllm_ir.Unsupported:

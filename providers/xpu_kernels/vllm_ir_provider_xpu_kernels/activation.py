@@ -30,9 +30,8 @@ from torch import Tensor
 import vllm_ir
 from vllm_ir.ir.declarations.activation import approximate_verdict, check_approximate
 from vllm_ir.plugins.provider import deferred_custom_op
-from vllm_ir_provider_xpu_kernels import SUPPORTED, XPU, _on_xpu, _vendor_ops
+from vllm_ir_provider_xpu_kernels import DTYPES, SUPPORTED, XPU, _on_xpu, _vendor_ops
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Vendor function -> whether it is gated ([..., 2d] -> [..., d]).
 FUNCTIONS: dict[str, bool] = {
     "silu_and_mul": True,

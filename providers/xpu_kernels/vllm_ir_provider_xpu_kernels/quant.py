@@ -30,29 +30,29 @@ above the floor; q dequantizes to x either way), an all-zero x gets scale 0 and 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir.declarations.quant import padding_verdict
+from vllm_ir.ir.declarations.quant import padded_shape, padding_verdict
 from vllm_ir.plugins.provider import empty_group_scales
-from vllm_ir_provider_xpu_kernels import XPU, _on_xpu, _vendor_ops
+from vllm_ir_provider_xpu_kernels import DTYPES, XPU, _on_xpu, _vendor_ops
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_MAX = 448.0
 
 
-def _rows_stride(x: Tensor) -> int | None:
-    """The row stride of ``x`` seen as ``[-1, x.shape[-1]]`` (None if its rows have no single
-    stride). The vendor reads row t at ``t * input.stride(-2)``."""
-    if x.dim() < 2 or x.stride(-1) != 1:
-        return None
-    expected = x.stride(-2) * x.shape[-2]
-    for d in range(x.dim() - 3, -1, -1):
-        if x.stride(d) != expected:
-            return None
-        expected *= x.shape[d]
-    return x.stride(-2)
+def _single_row_stride(x: Tensor) -> bool | vllm_ir.Unsupported:
+    """``x`` seen as ``[-1, x.shape[-1]]`` must have one row stride: the vendor reads row t at
+    ``t * input.stride(-2)``."""
+    if (
+        x.dim() >= 2
+        and x.stride(-1) == 1
+        and all(x.stride(d) == x.stride(-2) * math.prod(x.shape[d + 1 : -1]) for d in range(x.dim() - 2))
+    ):
+        return True
+    return vllm_ir.Unsupported("x's rows have no single stride (the kernel reads row t at t * input.stride(-2))")
 
 
 def common_rules(x: Tensor, fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
@@ -79,10 +79,8 @@ def _has_group_shape() -> bool:
 
 
 def static_rules(x: Tensor, scale: Tensor) -> bool | vllm_ir.Unsupported:
-    """``static_quant_fp8``'s checks after `common_rules` and the padding: the rows', the scale's,
+    """``static_quant_fp8``'s checks after `common_rules`, the padding and the rows: the scale's,
     then whether the installed vllm-xpu-kernels takes a scale of several elements."""
-    if _rows_stride(x) is None:
-        return vllm_ir.Unsupported("x's rows have no single stride (the kernel reads row t at t * input.stride(-2))")
     if scale.dtype != torch.float32 or scale.device != x.device:
         return vllm_ir.Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
     if scale.dim() > 2:
@@ -103,8 +101,8 @@ def dynamic_rules(x: Tensor, per_token: bool, scale_ub: Tensor | None) -> bool |
     per-tensor kernel's."""
     if per_token and not x.is_contiguous():
         return vllm_ir.Unsupported("x must be contiguous (dynamic_per_token_scaled_fp8_quant checks it)")
-    if not per_token and _rows_stride(x) is None:
-        return vllm_ir.Unsupported("x's rows have no single stride (the kernel reads row t at t * input.stride(-2))")
+    if not per_token and not (rows := _single_row_stride(x)):
+        return rows
     if scale_ub is not None:
         if not per_token:
             return vllm_ir.Unsupported("scale_ub with per-tensor scales (dynamic_scaled_fp8_quant takes none)")
@@ -129,15 +127,11 @@ def group_rules(x: Tensor, group_size: int, column_major: bool) -> bool | vllm_i
 
 def _q(x: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> tuple[Tensor, Tensor]:
     """(q, the view of its first ``x.shape[0]`` rows the vendor writes): pad rows stay unwritten."""
-    shape = tuple(x.shape)
-    if num_token_padding is not None and num_token_padding > shape[0]:
-        q = torch.empty((num_token_padding, shape[1]), dtype=fp8_dtype, device=x.device)
-        return q, q[: shape[0]]
-    q = torch.empty(shape, dtype=fp8_dtype, device=x.device)
-    return q, q
+    q = torch.empty(padded_shape(x, num_token_padding), dtype=fp8_dtype, device=x.device)
+    return q, (q[: x.shape[0]] if q.shape != x.shape else q)
 
 
-@XPU.impl("static_quant_fp8", supports=(common_rules, padding_verdict, static_rules))
+@XPU.impl("static_quant_fp8", supports=(common_rules, padding_verdict, _single_row_stride, static_rules))
 def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     q, rows = _q(x, fp8_dtype, num_token_padding)
     if rows.numel() == 0:  # the launch math divides by the row length

@@ -15,13 +15,11 @@ The wrapper passes ``positions`` flattened and query/key as ``[T, heads, head_si
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir_provider_xpu_kernels import XPU, _on_xpu, _vendor_ops
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from vllm_ir.ir.declarations.rotary import inplace_kernel_verdict
+from vllm_ir_provider_xpu_kernels import DTYPES, XPU, _on_xpu, _vendor_ops
 
 
 def _heads(x: Tensor, token_dims: int, head_size: int) -> Tensor | None:
@@ -41,19 +39,15 @@ def _views(
     positions: Tensor, query: Tensor, key: Tensor | None, head_size: int
 ) -> tuple[Tensor, Tensor | None] | vllm_ir.Unsupported:
     """The views the kernel gets, or why there are none."""
-    q = _heads(query, max(positions.dim(), 1), head_size)
-    if q is None:
-        return vllm_ir.Unsupported(
-            "query is not a [tokens, heads, head_size] view with a unit channel stride (the kernel writes in place)"
-        )
-    if key is None:
-        return q, None
-    k = _heads(key, max(positions.dim(), 1), head_size)
-    if k is None:
-        return vllm_ir.Unsupported(
-            "key is not a [tokens, heads, head_size] view with a unit channel stride (the kernel writes in place)"
-        )
-    if k.shape[1] > 1 and k.stride(1) != q.stride(1):
+    token_dims = max(positions.dim(), 1)
+    q, k = (None if t is None else _heads(t, token_dims, head_size) for t in (query, key))
+    for name, t, view in (("query", query, q), ("key", key, k)):
+        if t is not None and view is None:
+            return vllm_ir.Unsupported(
+                f"{name} is not a [tokens, heads, head_size] view with a unit channel stride "
+                "(the kernel writes in place)"
+            )
+    if k is not None and k.shape[1] > 1 and k.stride(1) != q.stride(1):
         return vllm_ir.Unsupported(
             f"key's head stride {k.stride(1)} differs from query's {q.stride(1)} (the kernel uses query's for both)"
         )
@@ -68,28 +62,16 @@ def rules(
     cos_sin_cache: Tensor,
     rotary_dim: int | None,
 ) -> bool | vllm_ir.Unsupported:
-    """The kernel's predicate: the device, then the argument rules (unit-tested on CPU tensors, the
-    device check stood in for)."""
+    """The kernel's predicate: the device, what every in-place rotary kernel asks
+    (`inplace_kernel_verdict`), then a contiguous cache and the views (unit-tested on CPU
+    tensors, the device check stood in for)."""
     if not (on_xpu := _on_xpu(query)):
         return on_xpu
-    if query.dtype not in DTYPES:
-        return vllm_ir.Unsupported(
-            f"vllm-xpu-kernels' rotary_embedding takes float32/float16/bfloat16, not {query.dtype}"
-        )
-    if positions.dtype != torch.int64:
-        return vllm_ir.Unsupported(f"positions are {positions.dtype} (the kernel reads int64)")
-    if cos_sin_cache.dtype != query.dtype:
-        return vllm_ir.Unsupported(f"cos_sin_cache is {cos_sin_cache.dtype}, query {query.dtype} (one dtype)")
-    if cos_sin_cache.dim() != 2 or not cos_sin_cache.is_contiguous():
+    verdict = inplace_kernel_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES)
+    if verdict is not None:
+        return verdict
+    if not cos_sin_cache.is_contiguous():
         return vllm_ir.Unsupported("cos_sin_cache must be a contiguous [max_position, rotary_dim] tensor")
-    rot = cos_sin_cache.shape[1]
-    if (rotary_dim is not None and rotary_dim != rot) or rot % 2 or rot > head_size or head_size <= 0:
-        return vllm_ir.Unsupported(
-            f"rotary_dim {rotary_dim} / cache width {rot} / head_size {head_size} (the kernel rotates the cache's "
-            "width, which must be even and at most head_size; native raises)"
-        )
-    if key is not None and key.dtype != query.dtype:
-        return vllm_ir.Unsupported(f"key is {key.dtype}, query {query.dtype}")
     views = _views(positions, query, key, head_size)
     return views if isinstance(views, vllm_ir.Unsupported) else True
 
