@@ -212,7 +212,7 @@ def test_predicates_say_why_they_decline():
     x = torch.randn(4, 64)
     with vllm_ir.priority(static_quant_fp8=["vllm_c"]):
         (verdict, *_) = op.explain(x, torch.ones(1), torch.float8_e5m2).verdicts
-        assert "fp8_dtype torch.float8_e5m2 is not supported" in verdict.reason
+        assert "fp8_dtype torch.float8_e5m2 is not float8_e4m3fn" in verdict.reason
         (verdict, *_) = op.explain(x, torch.ones(1, dtype=torch.float64), FP8[0]).verdicts
         assert "scale dtype torch.float64" in verdict.reason
 

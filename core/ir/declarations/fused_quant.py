@@ -35,6 +35,7 @@ from vllm_ir.ir.declarations.quant import (
     broadcast_scale,
     dynamic_group_quant_fp8,
     dynamic_quant_fp8,
+    float32_verdict,
     fp8_max,
     static_quant_fp8,
 )
@@ -148,27 +149,16 @@ def residual_verdict(x: Tensor, x_residual: Tensor | None) -> bool | Unsupported
 
 
 def weight_verdict(x: Tensor, weight: Tensor | None) -> bool | Unsupported:
-    """No weight, or one of x's dtype or float32 on x's device (its shape is each kernel's own)."""
+    """No weight, or a ``[hidden]`` one of x's dtype or float32 on x's device (its layout is each
+    kernel's own)."""
     if weight is None:
         return True
     if weight.dtype not in (x.dtype, torch.float32):
         return Unsupported(f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32")
     if weight.device != x.device:
         return Unsupported(f"weight is on {weight.device}, x on {x.device}")
-    return True
-
-
-def scale_ub_verdict(x: Tensor, scale_ub: Tensor | None) -> bool | Unsupported:
-    """No bound, or one float32 element (0-d or 1-D) on x's device."""
-    if scale_ub is None:
-        return True
-    if scale_ub.dtype != torch.float32 or scale_ub.device != x.device or scale_ub.numel() != 1:
-        return Unsupported(
-            f"scale_ub must be one float32 element on x's device, got {scale_ub.dtype} "
-            f"{list(scale_ub.shape)} on {scale_ub.device}"
-        )
-    if scale_ub.dim() > 1:
-        return Unsupported(f"scale_ub is {scale_ub.dim()}-D (native broadcasts the scale's shape to it)")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        return Unsupported(f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (native broadcasts)")
     return True
 
 
@@ -179,11 +169,14 @@ def halves_verdict(x: Tensor) -> bool | Unsupported:
     return True
 
 
-def column_major_verdict(x: Tensor, column_major: bool) -> bool | Unsupported:
-    """Row-major scales, or column-major ones of an x of 2 or more dimensions."""
-    if column_major and x.dim() < 2:
-        return Unsupported("column_major scales of a 1-D x (native raises)")
-    return True
+def per_tensor_scale_verdict(x: Tensor, scale: Tensor) -> bool | Unsupported:
+    """The static ops' scale: one element (the fused kernels take no other), float32 on x's device."""
+    verdict = float32_verdict(x, "scale", scale)
+    if verdict and scale.numel() != 1:
+        return Unsupported(
+            f"scale of shape {list(scale.shape)}: the fused kernels take a per-tensor scale (one element)"
+        )
+    return verdict
 
 
 # -- test inputs and comparison --------------------------------------------------------------

@@ -114,6 +114,57 @@ def padding_verdict(x: Tensor, num_token_padding: int | None) -> bool | Unsuppor
     return True
 
 
+def fp8_verdict(fp8_dtype: torch.dtype) -> bool | Unsupported:
+    """A kernel's predicate of the fp8 dtype (the fused ops' too): one of `FP8_RANGES`, as native takes."""
+    if fp8_dtype not in FP8_RANGES:
+        return Unsupported(f"fp8_dtype {fp8_dtype} is not float8_e4m3fn or float8_e4m3fnuz (native raises)")
+    return True
+
+
+def float32_verdict(x: Tensor, name: str, t: Tensor) -> bool | Unsupported:
+    """Whether ``t`` (the parameter ``name``, a scale or a bound) is float32 on x's device, as the
+    kernels read scales; not a predicate itself (it takes the name)."""
+    if t.dtype != torch.float32:
+        return Unsupported(f"{name} dtype {t.dtype} is not float32")
+    if t.device != x.device:
+        return Unsupported(f"{name} is on {t.device}, x on {x.device}")
+    return True
+
+
+def scale_verdict(x: Tensor, scale: Tensor) -> bool | Unsupported:
+    """A static scale float32 on x's device, and not one `broadcast_scale` refuses as ambiguous
+    (the ranks and groupings a kernel takes beyond that are its own)."""
+    verdict = float32_verdict(x, "scale", scale)
+    if verdict and scale.dim() == 1 and scale.numel() != 1 and x.dim() > 1:
+        return Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
+    return verdict
+
+
+def scale_ub_verdict(x: Tensor, scale_ub: Tensor | None) -> bool | Unsupported:
+    """No bound, or one float32 element (0-d or 1-D) on x's device (the fused ops' too)."""
+    if scale_ub is None:
+        return True
+    verdict = float32_verdict(x, "scale_ub", scale_ub)
+    if verdict and (scale_ub.dim() > 1 or scale_ub.numel() != 1):
+        return Unsupported(
+            f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D; "
+            "native broadcasts the scale's shape to it)"
+        )
+    return verdict
+
+
+def group_size_verdict(group_size: int) -> bool | Unsupported:
+    """A group size native takes (the fused group ops' too); a kernel's upper limit is its own."""
+    return group_size >= 1 or Unsupported(f"group_size {group_size} < 1 (native raises)")
+
+
+def column_major_verdict(x: Tensor, column_major: bool) -> bool | Unsupported:
+    """Row-major scales, or column-major ones of an x of 2 or more dimensions (the fused ops' too)."""
+    if column_major and x.dim() < 2:
+        return Unsupported("column_major scales of a 1-D x (native raises)")
+    return True
+
+
 def padded_shape(x: Tensor, num_token_padding: int | None) -> tuple[int, ...]:
     """q's shape for a kernel: x's, or at least ``num_token_padding`` rows of a 2-D x (a kernel may
     leave the rows past x's unwritten; `_pad_tokens` zeroes them)."""

@@ -99,6 +99,23 @@ def dtype_and_device_verdict(x: torch.Tensor, device_types: tuple[str, ...]) -> 
     return True
 
 
+def rows_on(device_types: tuple[str, ...]) -> Callable[[torch.Tensor], bool | Unsupported]:
+    """The predicate of ``x`` for kernels over rows of its last dimension built for
+    ``device_types``: `dtype_and_device_verdict`, not 0-d, a unit-stride last dimension."""
+
+    def x_verdict(x: torch.Tensor) -> bool | Unsupported:
+        verdict = dtype_and_device_verdict(x, device_types)
+        if not verdict:
+            return verdict
+        if x.dim() == 0:
+            return Unsupported("x is 0-d (the kernels work along a last dimension)")
+        if x.stride(-1) != 1 and x.size(-1) != 1:
+            return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
+        return True
+
+    return x_verdict
+
+
 def torch_op(status: ExtensionStatus, name: str) -> Callable[..., Any]:
     """``torch.ops.vllm_ir_c.<name>.default``, or a stand-in that raises the load failure's reason."""
     if status.loaded:

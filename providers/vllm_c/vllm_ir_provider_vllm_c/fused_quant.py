@@ -28,16 +28,15 @@ from torch import Tensor
 from vllm_ir import Unsupported
 from vllm_ir.ir.declarations.fused_quant import (
     FUSED_QUANT_OPS,
-    column_major_verdict,
     halves_verdict,
+    per_tensor_scale_verdict,
     residual_verdict,
-    scale_ub_verdict,
     weight_verdict,
 )
+from vllm_ir.ir.declarations.quant import column_major_verdict, fp8_verdict, group_size_verdict, scale_ub_verdict
 from vllm_ir.plugins.provider import empty_group_scales
 
-from ._extension import DEVICES, DTYPES, STATUS, VLLM_C, torch_op
-from .quant import fp8_verdict
+from ._extension import DEVICES, STATUS, VLLM_C, rows_on, torch_op
 
 #: The eager default on a CPU no shipped table was measured on (tuning/*.json decides where one
 #: was): `vllm-ir bench --quick` on a 2-vCPU AVX-512 AMD EPYC measured vllm_c 4-12x faster than
@@ -58,28 +57,9 @@ _silu_group = torch_op(STATUS, "silu_and_mul_group_fp8_quant")
 OPTIONS = {"batch_invariant": True}
 
 
-def _x_on(device_types: tuple[str, ...]):
-    """The predicate of x (after the fp8 dtype's) for kernels built for ``device_types``."""
-
-    def x_verdict(x: Tensor) -> bool | Unsupported:
-        if x.dtype not in DTYPES:
-            return Unsupported(f"dtype {x.dtype} is not supported (float32, bfloat16, float16)")
-        if x.device.type not in device_types:
-            return Unsupported(
-                f"device {x.device.type} is not supported (this fused kernel is built for: {', '.join(device_types)})"
-            )
-        if x.dim() == 0:
-            return Unsupported("x is 0-d (the kernels normalize over a last dimension)")
-        if x.stride(-1) != 1 and x.size(-1) != 1:
-            return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
-        return True
-
-    return x_verdict
-
-
 #: The four ops on one tensor of rows and a per-tensor scale have CPU kernels only; the group
 #: ops CUDA ones too, where the CUDA sources were built.
-X_ON_CPU, X_ON_GROUP_DEVICES = _x_on(("cpu",)), _x_on(DEVICES)
+X_ON_CPU, X_ON_GROUP_DEVICES = rows_on(("cpu",)), rows_on(DEVICES)
 
 
 def _residual_stride(x_residual: Tensor | None) -> bool | Unsupported:
@@ -88,29 +68,8 @@ def _residual_stride(x_residual: Tensor | None) -> bool | Unsupported:
     return True
 
 
-def _weight_shape(x: Tensor, weight: Tensor | None) -> bool | Unsupported:
-    if weight is not None and (weight.dim() != 1 or weight.shape[0] != x.shape[-1]):
-        return Unsupported(f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (native broadcasts)")
-    return True
-
-
-def _static_scale(x: Tensor, scale: Tensor) -> bool | Unsupported:
-    if scale.dtype != torch.float32 or scale.device != x.device:
-        return Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
-    if scale.numel() != 1:
-        return Unsupported(
-            f"scale of shape {list(scale.shape)}: the fused kernels take a per-tensor scale (one element)"
-        )
-    return True
-
-
-def _group_size(group_size: int) -> bool | Unsupported:
-    return group_size >= 1 or Unsupported(f"group_size {group_size} < 1 (native raises)")
-
-
-#: The checks of an optional residual and weight, in the order every norm op asks them.
+#: The checks of an optional residual, in the order every norm op asks them.
 RESIDUAL = (residual_verdict, _residual_stride)
-WEIGHT = (weight_verdict, _weight_shape)
 
 
 def _fused(op: str, *checks):
@@ -118,14 +77,14 @@ def _fused(op: str, *checks):
     return VLLM_C.impl(op, supports=(fp8_verdict, *checks), **OPTIONS)
 
 
-@_fused("silu_and_mul_static_fp8_quant", X_ON_CPU, halves_verdict, _static_scale)
+@_fused("silu_and_mul_static_fp8_quant", X_ON_CPU, halves_verdict, per_tensor_scale_verdict)
 def silu_and_mul_static_fp8_quant(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tensor:
     out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=fp8_dtype, device=x.device)
     _silu(out, x, scale)
     return out
 
 
-@_fused("rms_norm_static_fp8_quant", X_ON_CPU, *WEIGHT, _static_scale)
+@_fused("rms_norm_static_fp8_quant", X_ON_CPU, weight_verdict, per_tensor_scale_verdict)
 def rms_norm_static_fp8_quant(
     x: Tensor, weight: Tensor | None, epsilon: float, scale: Tensor, fp8_dtype: torch.dtype
 ) -> Tensor:
@@ -134,7 +93,7 @@ def rms_norm_static_fp8_quant(
     return out
 
 
-@_fused("fused_add_rms_norm_static_fp8_quant", X_ON_CPU, *RESIDUAL, *WEIGHT, _static_scale)
+@_fused("fused_add_rms_norm_static_fp8_quant", X_ON_CPU, *RESIDUAL, weight_verdict, per_tensor_scale_verdict)
 def fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, fp8_dtype, inplace=False):
     # In place, the new residual goes into x_residual; q always has its own (fp8) buffer.
     out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
@@ -143,7 +102,7 @@ def fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, f
     return out, residual
 
 
-@_fused("rms_norm_dynamic_per_token_fp8_quant", X_ON_CPU, *RESIDUAL, *WEIGHT, scale_ub_verdict)
+@_fused("rms_norm_dynamic_per_token_fp8_quant", X_ON_CPU, *RESIDUAL, weight_verdict, scale_ub_verdict)
 def rms_norm_dynamic_per_token_fp8_quant(x, x_residual, weight, epsilon, fp8_dtype, scale_ub=None, inplace=False):
     out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
@@ -152,7 +111,9 @@ def rms_norm_dynamic_per_token_fp8_quant(x, x_residual, weight, epsilon, fp8_dty
     return out, scales, residual
 
 
-@_fused("rms_norm_group_fp8_quant", X_ON_GROUP_DEVICES, *RESIDUAL, *WEIGHT, _group_size, column_major_verdict)
+@_fused(
+    "rms_norm_group_fp8_quant", X_ON_GROUP_DEVICES, *RESIDUAL, weight_verdict, group_size_verdict, column_major_verdict
+)
 def rms_norm_group_fp8_quant(
     x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype, inplace=False
 ):
@@ -163,7 +124,7 @@ def rms_norm_group_fp8_quant(
     return out, scales, residual
 
 
-@_fused("silu_and_mul_group_fp8_quant", X_ON_GROUP_DEVICES, halves_verdict, _group_size, column_major_verdict)
+@_fused("silu_and_mul_group_fp8_quant", X_ON_GROUP_DEVICES, halves_verdict, group_size_verdict, column_major_verdict)
 def silu_and_mul_group_fp8_quant(
     x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:

@@ -19,10 +19,18 @@ import torch
 from torch import Tensor
 
 from vllm_ir import Unsupported
-from vllm_ir.ir.declarations.quant import FP8_RANGES, padded_shape, padding_verdict
+from vllm_ir.ir.declarations.quant import (
+    column_major_verdict,
+    fp8_verdict,
+    group_size_verdict,
+    padded_shape,
+    padding_verdict,
+    scale_ub_verdict,
+    scale_verdict,
+)
 from vllm_ir.plugins.provider import empty_group_scales
 
-from ._extension import DEVICES, STATUS, VLLM_C, dtype_and_device_verdict, torch_op
+from ._extension import DEVICES, STATUS, VLLM_C, rows_on, torch_op
 
 #: Platforms where ``vllm_c`` goes first for these ops in eager mode: CPU, where it beats native
 #: and Inductor-compiled native at every measured token count (benchmarks/quant_cpu.py); CUDA,
@@ -41,70 +49,28 @@ _group = torch_op(STATUS, "dynamic_group_quant_fp8")
 OPTIONS = {"batch_invariant": True, "exact": True}
 
 
-def fp8_verdict(fp8_dtype: torch.dtype) -> bool | Unsupported:
-    """The fp8 dtypes the quant kernels (and the fused ones) write: the ones native takes."""
-    if fp8_dtype not in FP8_RANGES:
-        return Unsupported(f"fp8_dtype {fp8_dtype} is not supported (float8_e4m3fn, float8_e4m3fnuz)")
-    return True
+#: What every op checks first: the fp8 dtype, then x (of the activation dtypes, on a device with
+#: kernels, rows of a unit-stride last dimension).
+ROWS = (fp8_verdict, rows_on(DEVICES))
 
 
-def x_verdict(x: Tensor) -> bool | Unsupported:
-    """What every quant op checks after the fp8 dtype: x's dtype, its device, a unit-stride last dimension."""
-    verdict = dtype_and_device_verdict(x, DEVICES)
-    if not verdict:
-        return verdict
-    if x.dim() == 0:
-        return Unsupported("x is 0-d (the kernels quantize rows of a last dimension)")
-    if x.stride(-1) != 1 and x.size(-1) != 1:
-        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
-    return True
-
-
-def scale_verdict(x: Tensor, scale: Tensor) -> bool | Unsupported:
-    if scale.dtype != torch.float32:
-        return Unsupported(f"scale dtype {scale.dtype} is not supported (float32)")
-    if scale.device != x.device:
-        return Unsupported(f"scale is on {scale.device}, x on {x.device}")
+def scale_rank_verdict(x: Tensor, scale: Tensor) -> bool | Unsupported:
+    """After the declaration's `scale_verdict`: the scale ranks the kernels take."""
     if scale.dim() > 2:
         return Unsupported(f"scale is {scale.dim()}-D (the kernels take one element, 1-D or 2-D scales)")
     if scale.dim() == 2 and x.dim() != 2:
         return Unsupported(f"a 2-D scale with a {x.dim()}-D x (the kernels group a 2-D x only)")
-    if scale.dim() == 1 and scale.numel() != 1 and x.dim() > 1:
-        return Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
     return True
 
 
-def scale_ub_verdict(x: Tensor, scale_ub: Tensor | None) -> bool | Unsupported:
-    if scale_ub is None:
-        return True
-    if scale_ub.dtype != torch.float32:
-        return Unsupported(f"scale_ub dtype {scale_ub.dtype} is not supported (float32)")
-    if scale_ub.device != x.device:
-        return Unsupported(f"scale_ub is on {scale_ub.device}, x on {x.device}")
-    if scale_ub.dim() > 1 or scale_ub.numel() != 1:
-        return Unsupported(
-            f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D; "
-            "native broadcasts the scale's shape to it)"
-        )
-    return True
-
-
-def group_verdict(x: Tensor, group_size: int, column_major: bool) -> bool | Unsupported:
-    if group_size < 1:
-        return Unsupported(f"group_size {group_size} < 1")
-    if column_major and x.dim() < 2:
-        return Unsupported("column_major scales of a 1-D x")
-    return True
-
-
-@VLLM_C.impl("static_quant_fp8", supports=(fp8_verdict, x_verdict, padding_verdict, scale_verdict), **OPTIONS)
+@VLLM_C.impl("static_quant_fp8", supports=(*ROWS, padding_verdict, scale_verdict, scale_rank_verdict), **OPTIONS)
 def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None = None) -> Tensor:
     out = torch.empty(padded_shape(x, num_token_padding), dtype=fp8_dtype, device=x.device)
     _static(out, x, scale)
     return out
 
 
-@VLLM_C.impl("dynamic_quant_fp8", supports=(fp8_verdict, x_verdict, padding_verdict, scale_ub_verdict), **OPTIONS)
+@VLLM_C.impl("dynamic_quant_fp8", supports=(*ROWS, padding_verdict, scale_ub_verdict), **OPTIONS)
 def dynamic_quant_fp8(
     x: Tensor,
     per_token: bool,
@@ -119,7 +85,7 @@ def dynamic_quant_fp8(
     return out, scale
 
 
-@VLLM_C.impl("dynamic_group_quant_fp8", supports=(fp8_verdict, x_verdict, group_verdict), **OPTIONS)
+@VLLM_C.impl("dynamic_group_quant_fp8", supports=(*ROWS, group_size_verdict, column_major_verdict), **OPTIONS)
 def dynamic_group_quant_fp8(
     x: Tensor, group_size: int, column_major: bool, use_ue8m0: bool, fp8_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:

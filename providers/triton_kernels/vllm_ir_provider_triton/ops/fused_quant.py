@@ -23,15 +23,15 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir.ir.declarations.fused_quant import (
-    column_major_verdict,
     halves_verdict,
+    per_tensor_scale_verdict,
     residual_verdict,
-    scale_ub_verdict,
     weight_verdict,
 )
+from vllm_ir.ir.declarations.quant import column_major_verdict, group_size_verdict, scale_ub_verdict
 from vllm_ir.plugins.provider import empty_group_scales
 from vllm_ir_provider_triton import TRITON
-from vllm_ir_provider_triton.ops.quant import _rows_stride, fp8_verdict, rows_verdict
+from vllm_ir_provider_triton.ops.quant import ROWS, _rows_stride
 
 #: Mirrors kernels/fused_quant.py (importing it needs Triton, predicates must not).
 MAX_TILE = 65536
@@ -54,8 +54,7 @@ def _row_fits(x: Tensor) -> bool | vllm_ir.Unsupported:
 
 
 def _groups_fit(x: Tensor, group_size: int) -> bool | vllm_ir.Unsupported:
-    if group_size < 1:
-        return vllm_ir.Unsupported(f"group_size {group_size} < 1 (native raises)")
+    """After the declaration's `group_size_verdict` (``_fits`` divides by the group size)."""
     return _fits(x.shape[-1], group_size)
 
 
@@ -65,27 +64,18 @@ def _residual_rows(x_residual: Tensor | None) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def _weight_shape(x: Tensor, weight: Tensor | None) -> bool | vllm_ir.Unsupported:
-    if weight is not None and (weight.dim() != 1 or weight.shape[0] != x.shape[-1] or not weight.is_contiguous()):
-        return vllm_ir.Unsupported(
-            f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (need a contiguous [hidden])"
-        )
+def _weight_contiguous(weight: Tensor | None) -> bool | vllm_ir.Unsupported:
+    """After the declaration's `weight_verdict` (a ``[hidden]`` weight): one the kernels read densely."""
+    if weight is not None and not weight.is_contiguous():
+        return vllm_ir.Unsupported("weight is not contiguous")
     return True
 
 
-def _static_scale(x: Tensor, scale: Tensor) -> bool | vllm_ir.Unsupported:
-    if scale.dtype != torch.float32 or scale.device != x.device:
-        return vllm_ir.Unsupported(f"scale must be float32 on x's device, got {scale.dtype} on {scale.device}")
-    if scale.numel() != 1:
-        return vllm_ir.Unsupported(f"scale of shape {list(scale.shape)}: the fused kernels take a per-tensor scale")
-    return True
-
-
-#: The rows every op checks first (the fp8 dtype, then x), and the optional residual and weight
-#: of the norm ops, in the order they are asked.
-ROWS = (fp8_verdict, rows_verdict)
+#: The group ops' group size, and the optional residual and weight of the norm ops, in the order
+#: they are asked.
+GROUPS = (group_size_verdict, _groups_fit)
 RESIDUAL = (residual_verdict, _residual_rows)
-WEIGHT = (weight_verdict, _weight_shape)
+WEIGHT = (weight_verdict, _weight_contiguous)
 
 
 if TRITON.available:
@@ -124,12 +114,14 @@ def _check_group_size(op: str, group_size: int) -> None:
         raise ValueError(f"{op} (provider triton): group_size must be >= 1, got {group_size}")
 
 
-@TRITON.impl("rms_norm_static_fp8_quant", supports=(*ROWS, _row_fits, *WEIGHT, _static_scale))
+@TRITON.impl("rms_norm_static_fp8_quant", supports=(*ROWS, _row_fits, *WEIGHT, per_tensor_scale_verdict))
 def rms_norm_static_fp8_quant(x, weight, epsilon, scale, fp8_dtype):
     return _norm(x, None, weight, epsilon, fp8_dtype, _STATIC, scale=scale)[0]
 
 
-@TRITON.impl("fused_add_rms_norm_static_fp8_quant", supports=(*ROWS, _row_fits, *RESIDUAL, *WEIGHT, _static_scale))
+@TRITON.impl(
+    "fused_add_rms_norm_static_fp8_quant", supports=(*ROWS, _row_fits, *RESIDUAL, *WEIGHT, per_tensor_scale_verdict)
+)
 def fused_add_rms_norm_static_fp8_quant(x, x_residual, weight, epsilon, scale, fp8_dtype):
     q, _, residual = _norm(x, x_residual, weight, epsilon, fp8_dtype, _STATIC, scale=scale)
     return q, residual
@@ -140,21 +132,27 @@ def rms_norm_dynamic_per_token_fp8_quant(x, x_residual, weight, epsilon, fp8_dty
     return _norm(x, x_residual, weight, epsilon, fp8_dtype, _PER_TOKEN, scale_ub=scale_ub)
 
 
-@TRITON.impl("rms_norm_group_fp8_quant", supports=(*ROWS, _groups_fit, *RESIDUAL, *WEIGHT, column_major_verdict))
+@TRITON.impl(
+    "rms_norm_group_fp8_quant",
+    supports=(*ROWS, *GROUPS, *RESIDUAL, *WEIGHT, column_major_verdict),
+)
 def rms_norm_group_fp8_quant(x, x_residual, weight, epsilon, group_size, column_major, use_ue8m0, fp8_dtype):
     _check_group_size("rms_norm_group_fp8_quant", group_size)
     group = (group_size, column_major, use_ue8m0)
     return _norm(x, x_residual, weight, epsilon, fp8_dtype, _GROUP, group=group)
 
 
-@TRITON.impl("silu_and_mul_static_fp8_quant", supports=(halves_verdict, *ROWS, _row_fits, _static_scale))
+@TRITON.impl("silu_and_mul_static_fp8_quant", supports=(halves_verdict, *ROWS, _row_fits, per_tensor_scale_verdict))
 def silu_and_mul_static_fp8_quant(x, scale, fp8_dtype):
     q = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8, device=x.device)
     silu_and_mul_fp8_quant_out(q, None, x, scale, _STATIC, 1, False, fp8_dtype)
     return q.view(fp8_dtype)
 
 
-@TRITON.impl("silu_and_mul_group_fp8_quant", supports=(halves_verdict, *ROWS, _groups_fit, column_major_verdict))
+@TRITON.impl(
+    "silu_and_mul_group_fp8_quant",
+    supports=(halves_verdict, *ROWS, *GROUPS, column_major_verdict),
+)
 def silu_and_mul_group_fp8_quant(x, group_size, column_major, use_ue8m0, fp8_dtype):
     _check_group_size("silu_and_mul_group_fp8_quant", group_size)
     shape = (*x.shape[:-1], x.shape[-1] // 2)

@@ -24,7 +24,15 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir.declarations.quant import FP8_RANGES, padded_shape, padding_verdict
+from vllm_ir.ir.declarations.quant import (
+    column_major_verdict,
+    fp8_verdict,
+    group_size_verdict,
+    padded_shape,
+    padding_verdict,
+    scale_ub_verdict,
+    scale_verdict,
+)
 from vllm_ir.plugins.provider import empty_group_scales
 from vllm_ir_provider_triton import TRITON, dtype_and_device_verdict
 
@@ -46,20 +54,13 @@ def _rows_stride(x: Tensor) -> int | None:
     return x.stride(-2)
 
 
-def fp8_verdict(fp8_dtype: torch.dtype) -> bool | vllm_ir.Unsupported:
-    """The fp8 dtypes the quant kernels (the fused ones too) write: the ones native takes."""
-    if fp8_dtype not in FP8_RANGES:
-        return vllm_ir.Unsupported(f"fp8_dtype {fp8_dtype} is not float8_e4m3fn or float8_e4m3fnuz (native raises)")
-    return True
-
-
 def rows_verdict(x: Tensor) -> bool | vllm_ir.Unsupported:
     """Whether the quant kernels (the fused ones too) can quantize ``x`` row by row, after `fp8_verdict`."""
     verdict = dtype_and_device_verdict(x)
     if not verdict:
         return verdict
     if x.dim() == 0:
-        return vllm_ir.Unsupported("x is 0-d (the kernels quantize rows of a last dimension)")
+        return vllm_ir.Unsupported("x is 0-d (the kernels work along a last dimension)")
     if _rows_stride(x) is None:
         return vllm_ir.Unsupported(
             "x is not rows with one row stride (a strided last dimension, or leading dimensions that do not collapse)"
@@ -67,22 +68,14 @@ def rows_verdict(x: Tensor) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def _float32_on_x_device(x: Tensor, name: str, t: Tensor) -> bool | vllm_ir.Unsupported:
-    if t.dtype != torch.float32:
-        return vllm_ir.Unsupported(f"{name} dtype {t.dtype} is not float32")
-    if t.device != x.device:
-        return vllm_ir.Unsupported(f"{name} is on {t.device}, x on {x.device}")
-    return True
+#: What every op checks first (the fused ones too): the fp8 dtype, then x.
+ROWS = (fp8_verdict, rows_verdict)
 
 
-def scale_verdict(x: Tensor, scale: Tensor) -> bool | vllm_ir.Unsupported:
-    verdict = _float32_on_x_device(x, "scale", scale)
-    if not verdict:
-        return verdict
+def scale_groups_verdict(x: Tensor, scale: Tensor) -> bool | vllm_ir.Unsupported:
+    """After the declaration's `scale_verdict`: the scale ranks and groupings the kernel takes."""
     if scale.dim() == 2 and x.dim() == 1:
         return vllm_ir.Unsupported("a 2-D scale with a 1-D x")
-    if scale.dim() == 1 and scale.numel() != 1 and x.dim() > 1:
-        return vllm_ir.Unsupported(f"a 1-D scale of {scale.numel()} elements (ambiguous: native refuses it)")
     if scale.dim() > 2:
         if scale.dim() != x.dim():
             return vllm_ir.Unsupported(f"a {scale.dim()}-D scale with a {x.dim()}-D x (native raises)")
@@ -100,22 +93,10 @@ def per_token_verdict(x: Tensor, per_token: bool) -> bool | vllm_ir.Unsupported:
     return True
 
 
-def scale_ub_verdict(x: Tensor, scale_ub: Tensor | None) -> bool | vllm_ir.Unsupported:
-    if scale_ub is None:
-        return True
-    verdict = _float32_on_x_device(x, "scale_ub", scale_ub)
-    if verdict and (scale_ub.dim() > 1 or scale_ub.numel() != 1):
-        return vllm_ir.Unsupported(
-            f"scale_ub of shape {list(scale_ub.shape)} (the kernels take one element, 0-d or 1-D)"
-        )
-    return verdict
-
-
-def group_verdict(x: Tensor, group_size: int, column_major: bool) -> bool | vllm_ir.Unsupported:
-    if not 1 <= group_size <= MAX_GROUP:
-        return vllm_ir.Unsupported(f"group_size {group_size} is not in [1, {MAX_GROUP}] (one group per program row)")
-    if column_major and x.dim() < 2:
-        return vllm_ir.Unsupported("column_major scales of a 1-D x (native raises)")
+def max_group_verdict(group_size: int) -> bool | vllm_ir.Unsupported:
+    """After the declaration's `group_size_verdict`: a group fits one program's registers."""
+    if group_size > MAX_GROUP:
+        return vllm_ir.Unsupported(f"group_size {group_size} > {MAX_GROUP} (a group is reduced in one program)")
     return True
 
 
@@ -169,7 +150,7 @@ if TRITON.available:
 # unwritten); the result is their fp8 view.
 
 
-@TRITON.impl("static_quant_fp8", supports=(fp8_verdict, rows_verdict, padding_verdict, scale_verdict))
+@TRITON.impl("static_quant_fp8", supports=(*ROWS, padding_verdict, scale_verdict, scale_groups_verdict))
 def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     q = torch.empty(padded_shape(x, num_token_padding), dtype=torch.uint8, device=x.device)
     scale2d, group_r, group_c = scale_plan(x, scale)
@@ -177,9 +158,7 @@ def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
     return q.view(fp8_dtype)
 
 
-@TRITON.impl(
-    "dynamic_quant_fp8", supports=(fp8_verdict, rows_verdict, padding_verdict, per_token_verdict, scale_ub_verdict)
-)
+@TRITON.impl("dynamic_quant_fp8", supports=(*ROWS, padding_verdict, per_token_verdict, scale_ub_verdict))
 def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=None):
     q = torch.empty(padded_shape(x, num_token_padding), dtype=torch.uint8, device=x.device)
     shape = (*x.shape[:-1], 1) if per_token else (1,)
@@ -188,7 +167,7 @@ def dynamic_quant_fp8(x, per_token, fp8_dtype, scale_ub=None, num_token_padding=
     return q.view(fp8_dtype), scale
 
 
-@TRITON.impl("dynamic_group_quant_fp8", supports=(fp8_verdict, rows_verdict, group_verdict))
+@TRITON.impl("dynamic_group_quant_fp8", supports=(*ROWS, group_size_verdict, max_group_verdict, column_major_verdict))
 def dynamic_group_quant_fp8(x, group_size, column_major, use_ue8m0, fp8_dtype):
     if not 1 <= group_size <= MAX_GROUP:
         raise ValueError(
