@@ -77,5 +77,4 @@ def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
         )
     if num_token_padding is not None and x.dim() != 2:
         raise ValueError(f"static_quant_fp8 (provider aiter): num_token_padding needs a 2-D x, got {x.dim()}-D")
-    rows = num_token_padding if num_token_padding is not None else (x.shape[0] if x.dim() else 0)
-    return ops.static_quant_fp8(x, scale, fp8_dtype, rows)
+    return ops.static_quant_fp8(x, scale, fp8_dtype, num_token_padding)
