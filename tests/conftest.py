@@ -2,8 +2,9 @@
 
 Also the cost tiers: every test is marked with the costly kinds it is (see ``COST_KINDS``),
 by module, fixture or kit origin here and explicitly in the test files elsewhere;
-``make test-fast`` deselects every kind, ``make test`` runs all but ``slow`` and a sample
-of the kit's numerics grid, ``make test-all`` everything. A test that spawns a child
+``make test-fast`` deselects every kind, ``make test`` runs all but ``slow`` with a sample
+of the kit's grid (numerics points, the inductor provider's ops, the Triton interpreter's focused
+checks in one dtype per layout), ``make test-all`` everything. A test that spawns a child
 interpreter or compiles without its mark is named in the summary ("cost marks").
 """
 
@@ -154,6 +155,46 @@ _LONG_FIRST = {
 }
 
 
+#: The kit's focused checks, per (op, layout or label) and dtype. On the Triton interpreter each
+#: runs the kernels in Python; the default run keeps each (op, layout) in one dtype (`_focused_kept`).
+_FOCUSED = ("_predicate_hygiene", "_overload_semantics", "_cache_agreement", "_odd_inputs")
+
+
+def _focused_slot(item) -> tuple[tuple, object] | None:
+    """((test, op), (layout or odd-input label), dtype) of an interpreter's focused check, else None."""
+    name = getattr(item, "originalname", item.name)
+    if not name.endswith(_FOCUSED) or "triton" not in name or not hasattr(item, "callspec"):
+        return None
+    params = item.callspec.params
+    case = params.get("case")
+    if case is not None:
+        where = (case.variant, case.shape, case.row_padding)
+        return (item.path.name, name, params["op_name"]), where, case.dtype
+    return (item.path.name, name, params["op_name"]), params["label"], params["dtype"]
+
+
+def _focused_kept(items) -> set[int]:
+    """Ids of the interpreter's focused checks the default run keeps: of each op's layouts (or odd
+    inputs) every one in one dtype, the dtype rotating from one layout to the next, so that every
+    dtype is still checked on a share of the layouts (the numerics grid covers every pair)."""
+    slots: dict[tuple, dict] = {}
+    for item in items:
+        found = _focused_slot(item)
+        if found is not None:
+            group, where, dtype = found
+            entry = slots.setdefault(group, {"where": {}, "dtypes": {}, "items": []})
+            entry["where"].setdefault(where, len(entry["where"]))
+            entry["dtypes"].setdefault(dtype, len(entry["dtypes"]))
+            entry["items"].append((item, where, dtype))
+    kept = set()
+    for entry in slots.values():
+        n = len(entry["dtypes"])
+        for item, where, dtype in entry["items"]:
+            if (entry["where"][where] + entry["dtypes"][dtype]) % n == 0:
+                kept.add(id(item))
+    return kept
+
+
 def _inductor_kept(item) -> bool:
     if not getattr(item, "originalname", item.name).startswith("test_conformance_inductor_"):
         return True
@@ -169,6 +210,7 @@ def pytest_collection_modifyitems(config, items):
         if case is not None:
             key = (item.path.name, item.originalname)
             widest[key] = max(widest.get(key, 0), case.shape[1])
+    focused_kept = None if full else _focused_kept(items)
     kept, dropped = [], []
     for item in items:
         kinds = _kinds_of(item)
@@ -179,6 +221,8 @@ def pytest_collection_modifyitems(config, items):
         if case is not None and not _grid_kept(item, case, small):
             dropped.append(item)
         elif "grid" in kinds and not full and not _inductor_kept(item):
+            dropped.append(item)
+        elif focused_kept is not None and _focused_slot(item) is not None and id(item) not in focused_kept:
             dropped.append(item)
         else:
             kept.append(item)
