@@ -37,7 +37,8 @@ loaded, batch invariance, compile facts...) and then registers each op's kernel 
 - `deferred_custom_op` declares a vendor kernel's ``torch.library.custom_op``; a provider defines
   them at import where it can run (`define_custom_ops`), elsewhere each waits for its first call.
 - `weight_or_ones` stands in a ones vector for ``weight=None`` where a vendor norm always
-  multiplies by a weight; `empty_group_scales` is the group-quant scales buffer in native's layout.
+  multiplies by a weight; `empty_group_scales` is the group-quant scales buffer in native's layout;
+  `aligned` copies a view whose data pointer a vector-loading kernel could not read.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ __all__ = [
     "DeferredCustomOp",
     "Provider",
     "adapt_predicate",
+    "aligned",
     "default_fakes",
     "deferred_custom_op",
     "define_custom_ops",
@@ -441,6 +443,13 @@ def weight_or_ones(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
     return _ones(x.shape[-1], x.dtype, x.device)
+
+
+def aligned(x: torch.Tensor, alignment: int = 16) -> torch.Tensor:
+    """``x``, or a copy of it when its first element is not ``alignment``-byte aligned: for vendor
+    kernels that load vectors from the data pointer, which a view starting mid-allocation may
+    misalign (fresh allocations are aligned)."""
+    return x if x.data_ptr() % alignment == 0 else x.clone()
 
 
 def empty_group_scales(shape: Sequence[int], group_size: int, column_major: bool, device: torch.device) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from vllm_ir.ir.declarations.quant import padded_shape
-from vllm_ir.plugins.provider import deferred_custom_op, weight_or_ones
+from vllm_ir.plugins.provider import aligned, deferred_custom_op, weight_or_ones
 
 
 def _aiter():
@@ -75,15 +75,6 @@ def _(x: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float) -> tup
 FUNCTIONS = {"silu_and_mul": True, "gelu_and_mul": True, "gelu_tanh_and_mul": True, "gelu_fast": False}
 
 
-def aligned(x: Tensor) -> Tensor:
-    """``x``, or a copy of it when its first element is not 16-byte aligned.
-
-    AITER's kernels read (and gelu_fast writes) 16-byte vectors from the data pointer; a view
-    starting mid-allocation could be misaligned. Fresh allocations always are aligned.
-    """
-    return x if x.data_ptr() % 16 == 0 else x.clone()
-
-
 def _new_out(x: Tensor, function: str) -> Tensor:
     """A fresh contiguous ``out`` of x's dtype: ``[..., d]`` for a gated function, x's shape else."""
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2) if FUNCTIONS[function] else x.shape)
@@ -95,7 +86,7 @@ def activation(x: Tensor, function: str) -> Tensor:
     if function not in FUNCTIONS:
         raise ValueError(f"vllm_ir_aiter::activation: function must be one of {list(FUNCTIONS)}, not {function!r}")
     out = _new_out(x, function)
-    if out.numel():
+    if out.numel():  # AITER's kernels read 16-byte vectors from the data pointer
         getattr(_aiter(), function)(out, aligned(x))
     return out
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir.ir.declarations.activation import approximate_verdict, check_approximate
-from vllm_ir.plugins.provider import deferred_custom_op
+from vllm_ir.plugins.provider import aligned, deferred_custom_op
 from vllm_ir_provider_xpu_kernels import DTYPES, SUPPORTED, XPU, _on_xpu, _vendor_ops
 
 #: Vendor function -> whether it is gated ([..., 2d] -> [..., d]).
@@ -49,8 +49,6 @@ FUNCTIONS: dict[str, bool] = {
 _GELU_FUNCTIONS = {"none": "gelu_and_mul", "tanh": "gelu_tanh_and_mul"}
 #: Names a function had in older releases.
 _OLD_NAMES = {"relu2": "relu2_no_mul"}
-#: The gated kernels load vectors of up to 16 bytes from the data pointer.
-_ALIGNMENT = 16
 
 
 def vendor_name(function: str) -> str | None:
@@ -73,9 +71,7 @@ def activation(x: Tensor, function: str, params: list[float]) -> Tensor:
     name = vendor_name(function)
     if name is None:
         raise RuntimeError(f"vllm_ir_xpu_kernels::activation: the installed vllm-xpu-kernels has no {function}")
-    if (x.data_ptr() % _ALIGNMENT) != 0:
-        x = x.clone()
-    getattr(_vendor_ops(), name)(out, x, *params)
+    getattr(_vendor_ops(), name)(out, aligned(x), *params)  # the gated kernels load 16-byte vectors
     return out
 
 
