@@ -116,6 +116,15 @@ def rows_on(device_types: tuple[str, ...]) -> Callable[[torch.Tensor], bool | Un
     return x_verdict
 
 
+def residual_stride_verdict(x_residual: torch.Tensor | None) -> bool | Unsupported:
+    """No residual, or one with a unit-stride last dimension (after its dtype, device and shape's check)."""
+    if x_residual is not None and x_residual.stride(-1) != 1 and x_residual.size(-1) != 1:
+        return Unsupported(
+            f"x_residual has stride {x_residual.stride(-1)} along the last dimension (the kernels need 1)"
+        )
+    return True
+
+
 def torch_op(status: ExtensionStatus, name: str) -> Callable[..., Any]:
     """``torch.ops.vllm_ir_c.<name>.default``, or a stand-in that raises the load failure's reason."""
     if status.loaded:

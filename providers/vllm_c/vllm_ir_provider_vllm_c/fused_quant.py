@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vllm_ir import Unsupported
 from vllm_ir.ir.declarations.fused_quant import (
     FUSED_QUANT_OPS,
     halves_verdict,
@@ -36,7 +35,7 @@ from vllm_ir.ir.declarations.fused_quant import (
 from vllm_ir.ir.declarations.quant import column_major_verdict, fp8_verdict, group_size_verdict, scale_ub_verdict
 from vllm_ir.plugins.provider import empty_group_scales
 
-from ._extension import DEVICES, STATUS, VLLM_C, rows_on, torch_op
+from ._extension import DEVICES, STATUS, VLLM_C, residual_stride_verdict, rows_on, torch_op
 
 #: The eager default on a CPU no shipped table was measured on (tuning/*.json decides where one
 #: was): `vllm-ir bench --quick` on a 2-vCPU AVX-512 AMD EPYC measured vllm_c 4-12x faster than
@@ -62,14 +61,8 @@ OPTIONS = {"batch_invariant": True}
 X_ON_CPU, X_ON_GROUP_DEVICES = rows_on(("cpu",)), rows_on(DEVICES)
 
 
-def _residual_stride(x_residual: Tensor | None) -> bool | Unsupported:
-    if x_residual is not None and x_residual.stride(-1) != 1 and x_residual.size(-1) != 1:
-        return Unsupported(f"x_residual has stride {x_residual.stride(-1)} along the last dimension (need 1)")
-    return True
-
-
 #: The checks of an optional residual, in the order every norm op asks them.
-RESIDUAL = (residual_verdict, _residual_stride)
+RESIDUAL = (residual_verdict, residual_stride_verdict)
 
 
 def _fused(op: str, *checks):

@@ -23,9 +23,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vllm_ir import Unsupported
+from vllm_ir.ir.declarations.fused_quant import residual_verdict, weight_verdict
+from vllm_ir.ir.declarations.layernorm import variance_size_verdict
 
-from ._extension import DEVICES, STATUS, VLLM_C, dtype_and_device_verdict, torch_op
+from ._extension import DEVICES, STATUS, VLLM_C, residual_stride_verdict, rows_on, torch_op
 
 #: Platforms where ``vllm_c`` goes first for these ops in eager mode: CPU (benchmarks/kernels.py:
 #: it wins at every shape there) and CUDA (the seed's defaults). Not ROCm: vllm_c builds no HIP
@@ -39,58 +40,19 @@ _fused = torch_op(STATUS, "fused_add_rms_norm")
 _fused_out = torch_op(STATUS, "fused_add_rms_norm_out")
 
 
-def supports_rms_norm(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | Unsupported:
-    """What both norms check (rms_norm's predicate)."""
-    if variance_size is not None:
-        return Unsupported("variance_size is not supported (the kernels normalize over the whole last dimension)")
-    verdict = dtype_and_device_verdict(x, DEVICES)
-    if not verdict:
-        return verdict
-    if x.dim() == 0:
-        return Unsupported("x is 0-d (the kernels normalize over a last dimension)")
-    if x.stride(-1) != 1 and x.size(-1) != 1:
-        return Unsupported(f"x has stride {x.stride(-1)} along the last dimension (the kernels need 1)")
-    if weight is not None:
-        if weight.dtype not in (x.dtype, torch.float32):
-            return Unsupported(
-                f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32 "
-                "(the kernels apply a weight of x's dtype or an fp32 one)"
-            )
-        if weight.device != x.device:
-            return Unsupported(f"weight is on {weight.device}, x on {x.device}")
-        if weight.dim() != 1:
-            return Unsupported(f"weight is {weight.dim()}-d (the kernels take a 1-d weight)")
-        if weight.shape[0] != x.shape[-1]:
-            return Unsupported(f"weight has {weight.shape[0]} elements, x rows {x.shape[-1]} (native broadcasts)")
-    return True
+#: What both norms check (rms_norm's predicate); x's optional weight and fused_add_rms_norm's
+#: residual are checked as the fused norm + quant kernels check them.
+NORM = (variance_size_verdict, rows_on(DEVICES), weight_verdict)
 
 
-def residual_verdict(x: Tensor, x_residual: Tensor) -> bool | Unsupported:
-    """fused_add_rms_norm's residual, after `supports_rms_norm`: like x, unit stride."""
-    if x_residual.dtype != x.dtype:
-        return Unsupported(f"x_residual dtype {x_residual.dtype} differs from x dtype {x.dtype}")
-    if x_residual.device != x.device:
-        return Unsupported(f"x_residual is on {x_residual.device}, x on {x.device}")
-    if x_residual.shape != x.shape:
-        return Unsupported(
-            f"x_residual shape {list(x_residual.shape)} != x shape {list(x.shape)} "
-            "(native broadcasts; the kernels take equal shapes)"
-        )
-    if x_residual.stride(-1) != 1 and x_residual.size(-1) != 1:
-        return Unsupported(
-            f"x_residual has stride {x_residual.stride(-1)} along the last dimension (the kernels need 1)"
-        )
-    return True
-
-
-@VLLM_C.impl("rms_norm", supports=supports_rms_norm, **OPTIONS)
+@VLLM_C.impl("rms_norm", supports=NORM, **OPTIONS)
 def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
     out = torch.empty_like(x)
     _rms_norm(out, x, weight, epsilon)
     return out
 
 
-@VLLM_C.impl("fused_add_rms_norm", supports=(supports_rms_norm, residual_verdict), **OPTIONS)
+@VLLM_C.impl("fused_add_rms_norm", supports=(*NORM, residual_verdict, residual_stride_verdict), **OPTIONS)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None, inplace=False):
     if inplace:  # x_residual <- x + x_residual, x <- rms_norm(the fp32 sum) * weight
         _fused(x, x_residual, weight, epsilon)

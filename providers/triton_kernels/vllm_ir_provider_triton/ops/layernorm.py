@@ -17,20 +17,20 @@ import torch
 from torch import Tensor
 
 import vllm_ir
+from vllm_ir.ir.declarations.fused_quant import residual_verdict
+from vllm_ir.ir.declarations.layernorm import variance_size_verdict
 from vllm_ir_provider_triton import DTYPES, TRITON, on_cpu_verdict
 
 #: Rows longer than this would not fit one program's registers on GPUs: declined.
 MAX_HIDDEN = 65536
 
 
-def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | None) -> bool | vllm_ir.Unsupported:
-    """What both norms check (rms_norm's predicate)."""
-    if variance_size is not None:
-        return vllm_ir.Unsupported("variance_size is not supported")
+def rms_norm_supports(x: Tensor, weight: Tensor | None) -> bool | vllm_ir.Unsupported:
+    """What both norms check after `variance_size_verdict` (rms_norm's predicate)."""
     if x.dtype not in DTYPES:
         return vllm_ir.Unsupported(f"dtype {x.dtype} is not one of float32, float16, bfloat16")
     if x.dim() == 0:
-        return vllm_ir.Unsupported("x is 0-d (the kernels normalize rows)")
+        return vllm_ir.Unsupported("x is 0-d (the kernels work along a last dimension)")
     if x.shape[-1] > MAX_HIDDEN:
         return vllm_ir.Unsupported(f"hidden size {x.shape[-1]} > {MAX_HIDDEN} (one row per program)")
     if weight is not None and weight.dtype not in DTYPES:
@@ -46,19 +46,15 @@ def rms_norm_supports(x: Tensor, weight: Tensor | None, variance_size: int | Non
     return on_cpu_verdict(x)
 
 
-def residual_supports(x: Tensor, x_residual: Tensor) -> bool | vllm_ir.Unsupported:
-    """fused_add_rms_norm's residual (checked before `rms_norm_supports`): like x, in rows."""
-    if x_residual.dtype != x.dtype:
-        return vllm_ir.Unsupported(f"residual dtype {x_residual.dtype} != x dtype {x.dtype}")
-    if x_residual.device != x.device:
-        return vllm_ir.Unsupported(f"residual is on {x_residual.device}, x on {x.device}")
-    if x_residual.shape != x.shape:
-        return vllm_ir.Unsupported(
-            f"residual shape {list(x_residual.shape)} != x shape {list(x.shape)} (native broadcasts; in place cannot)"
-        )
+def residual_rows(x_residual: Tensor) -> bool | vllm_ir.Unsupported:
+    """fused_add_rms_norm's residual after the declaration's `residual_verdict` (like x): in rows."""
     if not x_residual.is_contiguous() and not (x_residual.dim() == 2 and x_residual.stride(-1) == 1):
         return vllm_ir.Unsupported("residual must be contiguous, or 2-D rows with a unit inner stride")
     return True
+
+
+#: What both norms check (rms_norm's predicate).
+NORM = (variance_size_verdict, rms_norm_supports)
 
 
 if TRITON.available:
@@ -66,14 +62,16 @@ if TRITON.available:
 
 
 # The norms make no batch-invariance claim: the provider's default is turned off for them.
-@TRITON.impl("rms_norm", supports=rms_norm_supports, batch_invariant=False)
+@TRITON.impl("rms_norm", supports=NORM, batch_invariant=False)
 def rms_norm(x, weight, epsilon, variance_size=None):
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rms_norm_out(out, x, weight, epsilon)
     return out
 
 
-@TRITON.impl("fused_add_rms_norm", supports=(residual_supports, rms_norm_supports), inplace=True, batch_invariant=False)
+@TRITON.impl(
+    "fused_add_rms_norm", supports=(residual_verdict, residual_rows, *NORM), inplace=True, batch_invariant=False
+)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     fused_add_rms_norm_(x, x_residual, weight, epsilon)
     return x, x_residual
