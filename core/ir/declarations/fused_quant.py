@@ -136,32 +136,6 @@ FUSED_QUANT_OPS = (
 # -- what the fused kernels decline alike (vllm_c's and Triton's predicates) ----------------
 
 
-def residual_verdict(x: Tensor, x_residual: Tensor | None) -> bool | Unsupported:
-    """No residual, or one of x's dtype, device and shape (native broadcasts and promotes)."""
-    if x_residual is not None and (
-        x_residual.dtype != x.dtype or x_residual.device != x.device or x_residual.shape != x.shape
-    ):
-        return Unsupported(
-            f"x_residual ({x_residual.dtype}, {list(x_residual.shape)}, {x_residual.device}) differs from x "
-            f"({x.dtype}, {list(x.shape)}, {x.device}) (native broadcasts and promotes; the kernels do not)"
-        )
-    return True
-
-
-def weight_verdict(x: Tensor, weight: Tensor | None) -> bool | Unsupported:
-    """No weight, or a ``[hidden]`` one of x's dtype or float32 on x's device (its layout is each
-    kernel's own)."""
-    if weight is None:
-        return True
-    if weight.dtype not in (x.dtype, torch.float32):
-        return Unsupported(f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32")
-    if weight.device != x.device:
-        return Unsupported(f"weight is on {weight.device}, x on {x.device}")
-    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        return Unsupported(f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (native broadcasts)")
-    return True
-
-
 def halves_verdict(x: Tensor) -> bool | Unsupported:
     """The SwiGLU ops' x: an even last dimension."""
     if x.dim() >= 1 and x.shape[-1] % 2:

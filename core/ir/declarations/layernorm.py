@@ -81,11 +81,38 @@ def weight_dtype_verdict(x: Tensor, weight: Tensor | None) -> bool | Unsupported
     return True
 
 
-def residual_verdict(x: Tensor, x_residual: Tensor) -> bool | Unsupported:
+def contiguous_residual_verdict(x: Tensor, x_residual: Tensor) -> bool | Unsupported:
     """A ``fused_add_rms_norm`` kernel predicate's refusal of a residual it cannot read as x's
     rows: one of another dtype, or not contiguous."""
     if x_residual.dtype != x.dtype or not x_residual.is_contiguous():
         return Unsupported("residual must be contiguous with x's dtype")
+    return True
+
+
+def residual_verdict(x: Tensor, x_residual: Tensor | None) -> bool | Unsupported:
+    """No residual, or one of x's dtype, device and shape (native broadcasts and promotes): what the
+    norm kernels (fused with a quant or not) of vllm_c and Triton decline alike."""
+    if x_residual is not None and (
+        x_residual.dtype != x.dtype or x_residual.device != x.device or x_residual.shape != x.shape
+    ):
+        return Unsupported(
+            f"x_residual ({x_residual.dtype}, {list(x_residual.shape)}, {x_residual.device}) differs from x "
+            f"({x.dtype}, {list(x.shape)}, {x.device}) (native broadcasts and promotes; the kernels do not)"
+        )
+    return True
+
+
+def weight_verdict(x: Tensor, weight: Tensor | None) -> bool | Unsupported:
+    """No weight, or a ``[hidden]`` one of x's dtype or float32 on x's device (its layout is each
+    kernel's own)."""
+    if weight is None:
+        return True
+    if weight.dtype not in (x.dtype, torch.float32):
+        return Unsupported(f"weight dtype {weight.dtype} is neither x's ({x.dtype}) nor float32")
+    if weight.device != x.device:
+        return Unsupported(f"weight is on {weight.device}, x on {x.device}")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        return Unsupported(f"weight of shape {list(weight.shape)} for rows of {x.shape[-1]} (native broadcasts)")
     return True
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
-from vllm_ir.ir.declarations.layernorm import residual_verdict, variance_size_verdict, weight_dtype_verdict
+from vllm_ir.ir.declarations.layernorm import contiguous_residual_verdict, variance_size_verdict, weight_dtype_verdict
 from vllm_ir.plugins.provider import define_custom_ops, import_families
 from vllm_ir_provider_aiter import ops
 
@@ -75,7 +75,7 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     return ops.rms_norm(x, weight, epsilon)
 
 
-@AITER.impl("fused_add_rms_norm", supports=(residual_verdict, rules))
+@AITER.impl("fused_add_rms_norm", supports=(contiguous_residual_verdict, rules))
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     return ops.fused_add_rms_norm(x, x_residual, weight, epsilon)
 

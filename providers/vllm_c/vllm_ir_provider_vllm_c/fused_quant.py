@@ -29,9 +29,8 @@ from vllm_ir.ir.declarations.fused_quant import (
     FUSED_QUANT_OPS,
     halves_verdict,
     per_tensor_scale_verdict,
-    residual_verdict,
-    weight_verdict,
 )
+from vllm_ir.ir.declarations.layernorm import residual_verdict, weight_verdict
 from vllm_ir.ir.declarations.quant import column_major_verdict, fp8_verdict, group_size_verdict, scale_ub_verdict
 from vllm_ir.plugins.provider import empty_group_scales
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vllm_ir.ir.declarations.fused_quant import residual_verdict, weight_verdict
-from vllm_ir.ir.declarations.layernorm import variance_size_verdict
+from vllm_ir.ir.declarations.layernorm import residual_verdict, variance_size_verdict, weight_verdict
 
 from ._extension import DEVICES, STATUS, VLLM_C, residual_stride_verdict, rows_on, torch_op
 

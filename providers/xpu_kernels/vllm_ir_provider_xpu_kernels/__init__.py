@@ -21,7 +21,7 @@ from torch import Tensor
 
 import vllm_ir
 from vllm_ir import Provider
-from vllm_ir.ir.declarations.layernorm import residual_verdict, variance_size_verdict, weight_dtype_verdict
+from vllm_ir.ir.declarations.layernorm import contiguous_residual_verdict, variance_size_verdict, weight_dtype_verdict
 from vllm_ir.plugins.provider import import_families, weight_or_ones
 
 __version__ = "0.1.0"
@@ -74,7 +74,7 @@ def rms_norm(x, weight, epsilon, variance_size=None):
     return out
 
 
-@XPU.impl("fused_add_rms_norm", supports=(residual_verdict, rules), inplace=True)
+@XPU.impl("fused_add_rms_norm", supports=(contiguous_residual_verdict, rules), inplace=True)
 def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
     _vendor_ops().fused_add_rms_norm(x, x_residual, weight_or_ones(x, weight), epsilon)
     return x, x_residual

@@ -25,9 +25,8 @@ import vllm_ir
 from vllm_ir.ir.declarations.fused_quant import (
     halves_verdict,
     per_tensor_scale_verdict,
-    residual_verdict,
-    weight_verdict,
 )
+from vllm_ir.ir.declarations.layernorm import residual_verdict, weight_verdict
 from vllm_ir.ir.declarations.quant import column_major_verdict, group_size_verdict, scale_ub_verdict
 from vllm_ir.plugins.provider import empty_group_scales
 from vllm_ir_provider_triton import TRITON

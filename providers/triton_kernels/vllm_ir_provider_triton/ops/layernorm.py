@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir.declarations.fused_quant import residual_verdict
-from vllm_ir.ir.declarations.layernorm import variance_size_verdict
+from vllm_ir.ir.declarations.layernorm import residual_verdict, variance_size_verdict
 from vllm_ir_provider_triton import DTYPES, TRITON, on_cpu_verdict
 
 #: Rows longer than this would not fit one program's registers on GPUs: declined.
