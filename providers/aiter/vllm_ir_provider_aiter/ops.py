@@ -28,7 +28,6 @@ import functools
 import torch
 from torch import Tensor
 
-from vllm_ir.ir.declarations.quant import padded_shape
 from vllm_ir.plugins.provider import aligned, deferred_custom_op, weight_or_ones
 
 
@@ -101,20 +100,17 @@ def fp8_dtype() -> torch.dtype:
     return _aiter().dtypes.fp8
 
 
-def _new_q(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> Tensor:
-    """A fresh q of x's shape, or padded to ``num_token_padding`` rows (`padded_shape`); the op's fake too."""
-    return x.new_empty(padded_shape(x, num_token_padding), dtype=fp8_dtype)
-
-
 @deferred_custom_op("vllm_ir_aiter::static_quant_fp8", mutates_args=())
-def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, num_token_padding: int | None) -> Tensor:
-    """``aiter.static_per_tensor_quant(out, x, scale)`` into the first x's rows of a fresh `_new_q`
-    ``out``; pad rows stay unwritten."""
-    out = _new_q(x, scale, fp8_dtype, num_token_padding)
+def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, shape: list[int]) -> Tensor:
+    """``aiter.static_per_tensor_quant(out, x, scale)`` into the first x's rows of a fresh ``out`` of
+    ``shape`` (x's, or padded rows: `padded_shape`); pad rows stay unwritten."""
+    out = x.new_empty(shape, dtype=fp8_dtype)
     if x.numel():
         written = out[: x.shape[0]] if out.shape != x.shape else out
         _aiter().static_per_tensor_quant(written, aligned(x), scale.reshape(1))
     return out
 
 
-static_quant_fp8.register_fake(_new_q)
+@static_quant_fp8.register_fake
+def _(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, shape: list[int]) -> Tensor:
+    return x.new_empty(shape, dtype=fp8_dtype)

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir.declarations.quant import padding_verdict
+from vllm_ir.ir.declarations.quant import padded_shape, padding_verdict
 from vllm_ir_provider_aiter import AITER, _on_gpu, ops
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -77,4 +77,4 @@ def static_quant_fp8(x, scale, fp8_dtype, num_token_padding=None):
         )
     if num_token_padding is not None and x.dim() != 2:
         raise ValueError(f"static_quant_fp8 (provider aiter): num_token_padding needs a 2-D x, got {x.dim()}-D")
-    return ops.static_quant_fp8(x, scale, fp8_dtype, num_token_padding)
+    return ops.static_quant_fp8(x, scale, fp8_dtype, padded_shape(x, num_token_padding))
