@@ -136,6 +136,24 @@ def test_query_only_equals_the_query_of_the_full_call(provider, inplace):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("which", ["query", "key"])
+def test_a_token_count_unlike_positions_raises_before_anything_is_rotated(provider, which):
+    """positions has 4 tokens, query (or key) 5: no result (native raises); a kernel says which
+    tensor, and leaves the donated tensors as they were (the check precedes every launch)."""
+    positions, query, key, head_size, cache, neox, rot = ROPE.generate_inputs((4, 128), torch.float32)
+    if which == "query":
+        query = torch.randn(5, query.shape[1])
+    else:
+        key = torch.randn(5, key.shape[1])
+    before = (query.clone(), key.clone())
+    with pytest.raises((ValueError, RuntimeError)) as raised:
+        _run(provider, positions, query, key, head_size, cache, neox, rot, inplace=True)
+    if provider != "native":
+        assert f"{which} of shape [5, 128] is not [4 tokens" in str(raised.value)
+    assert torch.equal(query, before[0]) and torch.equal(key, before[1])
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_maybe_inplace_rotates_slices_of_a_wider_tensor_in_place(provider):
     """[T, heads, head_size] views with a padded head stride (vLLM's sliced layout): rotated where they are."""
     args = ROPE.generate_inputs((3, 256), torch.float32, layout="sliced")

@@ -11,6 +11,7 @@ exactly its donated inputs ``(query, key)``; with ``key=None`` only ``query`` is
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -80,51 +81,72 @@ def rotary_embedding(
     return rotate(query), None if key is None else rotate(key)
 
 
-def inplace_kernel_verdict(
-    positions: Tensor,
-    query: Tensor,
-    key: Tensor | None,
-    head_size: int,
-    cos_sin_cache: Tensor,
-    rotary_dim: int | None,
-    dtypes: tuple[torch.dtype, ...],
-) -> Unsupported | None:
-    """Why a kernel that rotates [T, heads, head_size] views in place, reading int64 positions
-    and the cache in query's dtype, declines a call (None: it takes it). Providers add their
-    own limits (devices, sizes) after it. It reads dtypes, devices, dimensions, the per-token
-    size, the last stride and the scalars, never the batch size or values."""
-    if query.dtype not in dtypes:
-        return Unsupported(f"dtype {query.dtype} is not supported ({', '.join(str(d)[6:] for d in dtypes)})")
-    if positions.dtype != torch.int64:
-        return Unsupported(f"positions are {positions.dtype} (the kernel reads int64)")
-    if head_size <= 0:
-        return Unsupported(f"head_size {head_size} is not positive")
-    rot = cos_sin_cache.shape[-1] if rotary_dim is None and cos_sin_cache.dim() else rotary_dim
-    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] != rot:
-        return Unsupported(
-            f"cos_sin_cache of shape {list(cos_sin_cache.shape)} is not [max_position, rotary_dim={rot}]"
-        )
-    if rot % 2 or rot > head_size:
-        return Unsupported(f"rotary_dim {rot} is odd or exceeds head_size {head_size}")
-    if cos_sin_cache.dtype != query.dtype:
-        return Unsupported(
-            f"cos_sin_cache is {cos_sin_cache.dtype}, query {query.dtype} (the kernel reads it in x's dtype)"
-        )
-    for name, t in (("positions", positions), ("cos_sin_cache", cos_sin_cache), ("key", key)):
-        if t is not None and t.device != query.device:
-            return Unsupported(f"{name} is on {t.device}, query on {query.device}")
+def inplace_kernel_verdict(dtypes: tuple[torch.dtype, ...]) -> Callable[..., bool | Unsupported]:
+    """The predicate of a kernel that rotates [T, heads, head_size] views in place, reading int64
+    positions and the cache in query's dtype (one of ``dtypes``): what it declines, for a
+    provider's ``supports`` tuple before its own limits (devices, sizes). It reads dtypes,
+    devices, dimensions, the per-token size, the last stride and the scalars, never the batch
+    size or values."""
+
+    def verdict(
+        positions: Tensor,
+        query: Tensor,
+        key: Tensor | None,
+        head_size: int,
+        cos_sin_cache: Tensor,
+        rotary_dim: int | None,
+    ) -> bool | Unsupported:
+        if query.dtype not in dtypes:
+            return Unsupported(f"dtype {query.dtype} is not supported ({', '.join(str(d)[6:] for d in dtypes)})")
+        if positions.dtype != torch.int64:
+            return Unsupported(f"positions are {positions.dtype} (the kernel reads int64)")
+        if head_size <= 0:
+            return Unsupported(f"head_size {head_size} is not positive")
+        rot = cos_sin_cache.shape[-1] if rotary_dim is None and cos_sin_cache.dim() else rotary_dim
+        if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] != rot:
+            return Unsupported(
+                f"cos_sin_cache of shape {list(cos_sin_cache.shape)} is not [max_position, rotary_dim={rot}]"
+            )
+        if rot % 2 or rot > head_size:
+            return Unsupported(f"rotary_dim {rot} is odd or exceeds head_size {head_size}")
+        if cos_sin_cache.dtype != query.dtype:
+            return Unsupported(
+                f"cos_sin_cache is {cos_sin_cache.dtype}, query {query.dtype} (the kernel reads it in x's dtype)"
+            )
+        for name, t in (("positions", positions), ("cos_sin_cache", cos_sin_cache), ("key", key)):
+            if t is not None and t.device != query.device:
+                return Unsupported(f"{name} is on {t.device}, query on {query.device}")
+        for name, t in (("query", query), ("key", key)):
+            if t is None:
+                continue
+            if t.dtype != query.dtype:
+                return Unsupported(f"key is {t.dtype}, query {query.dtype}")
+            if t.dim() < 2:
+                return Unsupported(
+                    f"{name} is {t.dim()}-d (the kernel takes [tokens, ...] with heads after the tokens)"
+                )
+            if math.prod(t.shape[1:]) % head_size:
+                return Unsupported(f"{name}'s per-token size {math.prod(t.shape[1:])} is not a multiple of head_size")
+            if t.stride(-1) != 1 and t.shape[-1] != 1:
+                return Unsupported(f"{name} has stride {t.stride(-1)} along the last dimension (the kernel needs 1)")
+        return True
+
+    return verdict
+
+
+def check_token_counts(who: str, positions: Tensor, query: Tensor, key: Tensor | None, head_size: int) -> None:
+    """Raise where query's or key's token count is not positions' (native raises too): a kernel
+    binding's check, not a predicate's, since the decision cache is keyed without token counts
+    and a relation between two of them cannot be part of a verdict. ``who`` names the kernel."""
+    per_token = positions.numel() * head_size
+    if per_token == 0:
+        return  # no tokens: nothing is rotated
     for name, t in (("query", query), ("key", key)):
-        if t is None:
-            continue
-        if t.dtype != query.dtype:
-            return Unsupported(f"key is {t.dtype}, query {query.dtype}")
-        if t.dim() < 2:
-            return Unsupported(f"{name} is {t.dim()}-d (the kernel takes [tokens, ...] with heads after the tokens)")
-        if math.prod(t.shape[1:]) % head_size:
-            return Unsupported(f"{name}'s per-token size {math.prod(t.shape[1:])} is not a multiple of head_size")
-        if t.stride(-1) != 1 and t.shape[-1] != 1:
-            return Unsupported(f"{name} has stride {t.stride(-1)} along the last dimension (the kernel needs 1)")
-    return None
+        if t is not None and t.numel() % per_token:
+            raise ValueError(
+                f"{who}: {name} of shape {list(t.shape)} is not "
+                f"[{positions.numel()} tokens (positions has {positions.numel()}), heads, {head_size}]"
+            )
 
 
 def build_cos_sin_cache(

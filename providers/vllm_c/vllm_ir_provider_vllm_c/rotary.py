@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from vllm_ir import Unsupported
-from vllm_ir.ir.declarations.rotary import inplace_kernel_verdict
+from vllm_ir.ir.declarations.rotary import check_token_counts, inplace_kernel_verdict
 
 from ._extension import DEVICES, DTYPES, PROVIDER, STATUS, VLLM_C, torch_op
 
@@ -29,35 +29,20 @@ EAGER_FIRST = {platform: ("rotary_embedding",) for platform in ("cpu", "cuda")}
 _kernel = torch_op(STATUS, "rotary_embedding")
 
 
-def supports(positions, query, key, head_size, cos_sin_cache, rotary_dim) -> bool | Unsupported:
+def built_for(query: Tensor) -> bool | Unsupported:
     if query.device.type not in DEVICES:
         return Unsupported(f"device {query.device.type} is not supported (kernels built for: {', '.join(DEVICES)})")
-    verdict = inplace_kernel_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES)
-    return True if verdict is None else verdict
+    return True
 
 
 # Each (token, head) is rotated on its own: results never depend on the batch.
-@VLLM_C.impl("rotary_embedding", supports=supports, inplace=True, batch_invariant=True)
+@VLLM_C.impl(
+    "rotary_embedding", supports=(built_for, inplace_kernel_verdict(DTYPES)), inplace=True, batch_invariant=True
+)
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style, rotary_dim=None):
     rot = cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim
-    _check_tokens(positions, query, key, head_size)
+    # The C++ side checks the token counts as well, but on an H200 with torch 2.11 that failing
+    # check crashed the process instead of raising.
+    check_token_counts(f"rotary_embedding (provider {PROVIDER!r})", positions, query, key, head_size)
     _kernel(positions, query, key, head_size, cos_sin_cache, is_neox_style, rot)
     return query, key
-
-
-def _check_tokens(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int) -> None:
-    """A query or key whose token count is not positions' has no result (native raises too).
-
-    Checked here, not in the predicate: the decision cache is keyed without token counts, so a
-    relation between two of them cannot be part of a verdict. The C++ side checks it as well,
-    but on an H200 with torch 2.11 that failing check crashed the process instead of raising.
-    """
-    per_token = positions.numel() * head_size
-    if per_token == 0:
-        return  # no tokens: nothing is rotated (as the C++ side does)
-    for name, t in (("query", query), ("key", key)):
-        if t is not None and t.numel() % per_token:
-            raise ValueError(
-                f"rotary_embedding (provider {PROVIDER!r}): {name} of shape {list(t.shape)} is not "
-                f"[{positions.numel()} tokens (positions has {positions.numel()}), heads, {head_size}]"
-            )

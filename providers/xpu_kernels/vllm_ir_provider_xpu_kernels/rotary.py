@@ -21,6 +21,8 @@ import vllm_ir
 from vllm_ir.ir.declarations.rotary import inplace_kernel_verdict
 from vllm_ir_provider_xpu_kernels import DTYPES, XPU, _on_xpu, _vendor_ops
 
+_INPLACE = inplace_kernel_verdict(DTYPES)
+
 
 def _heads(x: Tensor, token_dims: int, head_size: int) -> Tensor | None:
     """``x`` (``token_dims`` leading token dimensions) as a ``[T, heads, head_size]`` view sharing
@@ -67,8 +69,7 @@ def rules(
     tensors, the device check stood in for)."""
     if not (on_xpu := _on_xpu(query)):
         return on_xpu
-    verdict = inplace_kernel_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES)
-    if verdict is not None:
+    if not (verdict := _INPLACE(positions, query, key, head_size, cos_sin_cache, rotary_dim)):
         return verdict
     if not cos_sin_cache.is_contiguous():
         return vllm_ir.Unsupported("cos_sin_cache must be a contiguous [max_position, rotary_dim] tensor")

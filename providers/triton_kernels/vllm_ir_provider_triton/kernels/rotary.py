@@ -8,6 +8,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
+from vllm_ir.ir.declarations.rotary import check_token_counts
+
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
@@ -99,14 +101,10 @@ def rotary_embedding_(
         raise IndexError(f"vllm_ir_triton::rotary_embedding_: a position is outside the cache's {rows} rows")
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     half = rotary_dim // 2
+    check_token_counts("vllm_ir_triton::rotary_embedding_", positions, query, key, head_size)
     for x in (query, key):
         if x is None:
             continue
-        if x.numel() % (tokens * head_size):
-            raise ValueError(
-                f"vllm_ir_triton::rotary_embedding_: a tensor of shape {list(x.shape)} is not "
-                f"[{tokens} tokens, heads, {head_size}]"
-            )
         view, staged = _heads_view(x, tokens, head_size)
         wrap_triton(_rotary_kernel)[(tokens, view.shape[1])](
             view, pos, cache, view.stride(0), view.stride(1), cache.stride(0), cache.shape[0], half,

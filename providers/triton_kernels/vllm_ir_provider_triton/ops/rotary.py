@@ -18,22 +18,21 @@ from vllm_ir_provider_triton import DTYPES, TRITON, on_cpu_verdict
 MAX_ROTARY_DIM = 4096
 
 
-def rotary_embedding_supports(
-    positions: Tensor, query: Tensor, key: Tensor | None, head_size: int, cos_sin_cache: Tensor, rotary_dim: int | None
-) -> bool | vllm_ir.Unsupported:
-    verdict = inplace_kernel_verdict(positions, query, key, head_size, cos_sin_cache, rotary_dim, DTYPES)
-    if verdict is not None:
-        return verdict
+def max_rotary_dim(cos_sin_cache: Tensor, rotary_dim: int | None) -> bool | vllm_ir.Unsupported:
     if (cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim) > MAX_ROTARY_DIM:
         return vllm_ir.Unsupported(f"rotary_dim > {MAX_ROTARY_DIM} (one head per program)")
-    return on_cpu_verdict(query)
+    return True
 
 
 if TRITON.available:
     from vllm_ir_provider_triton.kernels.rotary import rotary_embedding_
 
 
-@TRITON.impl("rotary_embedding", supports=rotary_embedding_supports, inplace=True)
+@TRITON.impl(
+    "rotary_embedding",
+    supports=(inplace_kernel_verdict(DTYPES), max_rotary_dim, lambda query: on_cpu_verdict(query)),
+    inplace=True,
+)
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style, rotary_dim=None):
     rot = cos_sin_cache.shape[-1] if rotary_dim is None else rotary_dim
     rotary_embedding_(positions, query, key, head_size, cos_sin_cache, is_neox_style, rot)
