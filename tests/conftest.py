@@ -241,13 +241,20 @@ _unmarked: dict[str, list[str]] = {}
 _popen_init = subprocess.Popen.__init__
 
 
+def _inductor_helper(argv: list) -> bool:
+    """Whether a child interpreter is one Inductor starts for the first compile of a process (a
+    compile's cost, marked ``compile``): its compile workers, or its probe that loads a test
+    build of each vector ISA (``python -c "...cdll.LoadLibrary(...)"``)."""
+    head = [os.fsdecode(a) for a in argv[1:3] if isinstance(a, (str, bytes, os.PathLike))]
+    return bool(head) and ("compile_worker" in head[0] or (head[0] == "-c" and "cdll.LoadLibrary" in head[-1]))
+
+
 def _audited_popen(self, args, *rest, **kwargs):
     """Notes a child interpreter (not other programs: Inductor runs the C++ compiler; nor
-    Inductor's compile workers, which the first compile of a process starts: a compile's cost)."""
+    Inductor's own helpers, `_inductor_helper`)."""
     argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
     program = os.path.basename(os.fsdecode(argv[0])) if argv else ""
-    compile_worker = any("compile_worker" in os.fsdecode(a) for a in argv[1:2] if isinstance(a, (str, os.PathLike)))
-    if _current and (program.startswith("python") or program == "vllm-ir") and not compile_worker:
+    if _current and (program.startswith("python") or program == "vllm-ir") and not _inductor_helper(argv):
         _current[-1].add("subprocess")
     _popen_init(self, args, *rest, **kwargs)
 
