@@ -174,23 +174,28 @@ def _focused_slot(item) -> tuple[tuple, object] | None:
 
 
 def _focused_kept(items) -> set[int]:
-    """Ids of the interpreter's focused checks the default run keeps: of each op's layouts (or odd
-    inputs) every one in one dtype, the dtype rotating from one layout to the next, so that every
-    dtype is still checked on a share of the layouts (the numerics grid covers every pair)."""
-    slots: dict[tuple, dict] = {}
+    """Ids of the interpreter's focused checks the default run keeps: each of an op's layouts (or
+    odd inputs) in one of the dtypes it has, the dtype rotating from one layout to the next, so
+    that every layout runs and every dtype is still checked on a share of them (the numerics
+    grid covers every pair). Deterministic in the collection order: every xdist worker keeps the
+    same tests."""
+    dtypes_of: dict[tuple, dict] = {}
     for item in items:
         found = _focused_slot(item)
         if found is not None:
             group, where, dtype = found
-            entry = slots.setdefault(group, {"where": {}, "dtypes": {}, "items": []})
-            entry["where"].setdefault(where, len(entry["where"]))
-            entry["dtypes"].setdefault(dtype, len(entry["dtypes"]))
-            entry["items"].append((item, where, dtype))
+            wheres = dtypes_of.setdefault(group, {})
+            wheres.setdefault(where, [])
+            if dtype not in wheres[where]:
+                wheres[where].append(dtype)
     kept = set()
-    for entry in slots.values():
-        n = len(entry["dtypes"])
-        for item, where, dtype in entry["items"]:
-            if (entry["where"][where] + entry["dtypes"][dtype]) % n == 0:
+    for item in items:
+        found = _focused_slot(item)
+        if found is not None:
+            group, where, dtype = found
+            wheres = dtypes_of[group]
+            position, dtypes = list(wheres).index(where), wheres[where]
+            if dtype == dtypes[position % len(dtypes)]:
                 kept.add(id(item))
     return kept
 

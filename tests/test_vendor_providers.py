@@ -17,6 +17,7 @@ import torch
 
 import vllm_ir
 from tests.test_cli import run
+from vllm_ir.ir.declarations.rotary import build_cos_sin_cache
 
 DOUBLES = Path(__file__).parent / "vendor_doubles"
 
@@ -709,6 +710,22 @@ def test_xpu_rotary_rotates_in_place_through_views(xpu_double, variant):
     torch.testing.assert_close(out_q, expected[0], atol=atol, rtol=rtol)
     if key is not None:
         torch.testing.assert_close(out_k, expected[1], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(
+    ("query_shape", "positions_shape", "message"),
+    [
+        ((5, 128), (4,), r"query of shape \[5, 128\] is not \[4 tokens"),  # not a whole number of heads
+        ((8, 128), (4,), r"query has 8 token rows, positions 4"),  # whole heads, but other rows than positions
+    ],
+)
+def test_xpu_rotary_refuses_token_counts_unlike_positions(xpu_double, query_shape, positions_shape, message):
+    op = vllm_ir.ops.rotary_embedding
+    positions, query = torch.randint(0, 8, positions_shape), torch.randn(query_shape, dtype=BF16)
+    cache = build_cos_sin_cache(8, 64, BF16)
+    with pytest.raises(ValueError, match=message):
+        op.impls["xpu_kernels"].fn(positions, query, None, 64, cache, True, None)
+    assert not xpu_double.CALLS  # nothing reached the kernel
 
 
 def test_xpu_rotary_functional_call_leaves_inputs_and_predicate_declines_cpu(xpu_double, xpu_rotary):

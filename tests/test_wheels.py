@@ -173,11 +173,12 @@ print("ok")
     assert sh(venv / "bin" / "python", "-c", script, cwd=venv).stdout.strip() == "ok"
 
 
-#: rms_norm, fused_add_rms_norm, silu_and_mul, static_quant_fp8 (``-k`` matches substrings: the
-#: fused quant ops that contain these names are left out).
+#: rms_norm, fused_add_rms_norm, silu_and_mul, static_quant_fp8 with all their variants (``-k``
+#: matches substrings: the fused quant ops that contain these names are left out, not
+#: static_quant_fp8's group_1x16 / group_2x32 scale variants).
 ONE_OP_OF_EACH_KIND = (
     "(rms_norm or silu_and_mul or static_quant_fp8)"
-    " and not (group or dynamic or rms_norm_static or silu_and_mul_static)"
+    " and not (group_fp8 or group_quant or dynamic or rms_norm_static or silu_and_mul_static)"
 )
 
 

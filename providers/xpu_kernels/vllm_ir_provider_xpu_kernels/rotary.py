@@ -18,7 +18,7 @@ from __future__ import annotations
 from torch import Tensor
 
 import vllm_ir
-from vllm_ir.ir.declarations.rotary import inplace_kernel_verdict
+from vllm_ir.ir.declarations.rotary import check_token_counts, inplace_kernel_verdict
 from vllm_ir_provider_xpu_kernels import DTYPES, XPU, _on_xpu, _vendor_ops
 
 _INPLACE = inplace_kernel_verdict(DTYPES)
@@ -79,10 +79,15 @@ def rules(
 
 @XPU.impl("rotary_embedding", supports=rules, inplace=True)
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style, rotary_dim=None):
+    who = "rotary_embedding (provider xpu_kernels)"
+    check_token_counts(who, positions, query, key, head_size)
     views = _views(positions, query, key, head_size)
     if isinstance(views, vllm_ir.Unsupported):
-        raise ValueError(f"rotary_embedding (provider xpu_kernels): {views.reason}")
+        raise ValueError(f"{who}: {views.reason}")
     q, k = views
+    for name, view in (("query", q), ("key", k)):  # the kernel reads one position per row of the view
+        if view is not None and view.shape[0] != positions.numel():
+            raise ValueError(f"{who}: {name} has {view.shape[0]} token rows, positions {positions.numel()}")
     if q.shape[0]:
         _vendor_ops().rotary_embedding(positions.reshape(-1), q, k, head_size, cos_sin_cache, is_neox_style)
     return query, key

@@ -91,6 +91,7 @@ def rotary_embedding_(
     is_neox: bool,
     rotary_dim: int,
 ) -> None:
+    check_token_counts("vllm_ir_triton::rotary_embedding_", positions, query, key, head_size)
     tokens = positions.numel()
     if tokens == 0 or rotary_dim == 0:
         return
@@ -101,7 +102,6 @@ def rotary_embedding_(
         raise IndexError(f"vllm_ir_triton::rotary_embedding_: a position is outside the cache's {rows} rows")
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     half = rotary_dim // 2
-    check_token_counts("vllm_ir_triton::rotary_embedding_", positions, query, key, head_size)
     for x in (query, key):
         if x is None:
             continue
