@@ -558,6 +558,16 @@ def test_aiter_static_quant_calls_the_vendor_with_a_fresh_out(aiter_double, padd
     assert _same_bytes(q[:5], op.fn(x, scale, E4M3))  # exact reciprocal in the stand-in: native's bytes
 
 
+@pytest.mark.parametrize("shape", [[4, 64], [5, 32], [5, 64, 1]])
+def test_aiter_static_quant_custom_op_refuses_a_q_shape_that_cannot_hold_x(aiter_double, shape):
+    from vllm_ir_provider_aiter import ops as aiter_ops
+
+    x = torch.randn(5, 64, dtype=BF16)
+    with pytest.raises(ValueError, match=r"q of shape .* cannot hold x \[5, 64\]"):
+        aiter_ops.static_quant_fp8(x, torch.ones(1), E4M3, shape)
+    assert aiter_double.CALLS == []
+
+
 def test_aiter_static_quant_is_one_opaque_node_and_raises_on_other_scales(aiter_double):
     from torch.fx.experimental.proxy_tensor import make_fx
 

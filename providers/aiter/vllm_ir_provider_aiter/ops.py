@@ -104,6 +104,8 @@ def fp8_dtype() -> torch.dtype:
 def static_quant_fp8(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, shape: list[int]) -> Tensor:
     """``aiter.static_per_tensor_quant(out, x, scale)`` into the first x's rows of a fresh ``out`` of
     ``shape`` (x's, or padded rows: `padded_shape`); pad rows stay unwritten."""
+    if list(shape[1:]) != list(x.shape[1:]) or (x.dim() and shape[0] < x.shape[0]):  # AITER would write past it
+        raise ValueError(f"vllm_ir_aiter::static_quant_fp8: q of shape {list(shape)} cannot hold x {list(x.shape)}")
     out = x.new_empty(shape, dtype=fp8_dtype)
     if x.numel():
         written = out[: x.shape[0]] if out.shape != x.shape else out
