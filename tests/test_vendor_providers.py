@@ -692,10 +692,11 @@ def test_xpu_group_quant_passes_2d_scales_in_the_ops_layout(xpu_double, shape, c
         (lambda p, q, k, c: (p, q, torch.randn(4, 2, 96)[..., :64], 64, c, None), "key's head stride 96"),
     ],
 )
-def test_xpu_rotary_declines_with_reason(xpu_rotary, on_device, args, reason):
+def test_xpu_rotary_declines_with_reason(on_device, args, reason):
     p, q, k = torch.randint(0, 8, (4,)), torch.randn(4, 128), torch.randn(4, 128)
     c = torch.randn(8, 64)
-    verdict = xpu_rotary.rules(*args(p, q, k, c))
+    positions, query, key, head_size, cache, rotary_dim = args(p, q, k, c)
+    verdict = supports("rotary_embedding", "xpu_kernels", positions, query, key, head_size, cache, True, rotary_dim)
     assert not verdict and reason in verdict.reason
 
 

@@ -21,8 +21,6 @@ import vllm_ir
 from vllm_ir.ir.declarations.rotary import check_token_counts, inplace_kernel_verdict
 from vllm_ir_provider_xpu_kernels import DTYPES, XPU, _on_xpu, _vendor_ops
 
-_INPLACE = inplace_kernel_verdict(DTYPES)
-
 
 def _heads(x: Tensor, token_dims: int, head_size: int) -> Tensor | None:
     """``x`` (``token_dims`` leading token dimensions) as a ``[T, heads, head_size]`` view sharing
@@ -56,28 +54,23 @@ def _views(
     return q, k
 
 
-def rules(
-    positions: Tensor,
-    query: Tensor,
-    key: Tensor | None,
-    head_size: int,
-    cos_sin_cache: Tensor,
-    rotary_dim: int | None,
-) -> bool | vllm_ir.Unsupported:
-    """The kernel's predicate: the device, what every in-place rotary kernel asks
-    (`inplace_kernel_verdict`), then a contiguous cache and the views (unit-tested on CPU
-    tensors, the device check stood in for)."""
-    if not (on_xpu := _on_xpu(query)):
-        return on_xpu
-    if not (verdict := _INPLACE(positions, query, key, head_size, cos_sin_cache, rotary_dim)):
-        return verdict
+def contiguous_cache(cos_sin_cache: Tensor) -> bool | vllm_ir.Unsupported:
     if not cos_sin_cache.is_contiguous():
         return vllm_ir.Unsupported("cos_sin_cache must be a contiguous [max_position, rotary_dim] tensor")
+    return True
+
+
+def views_verdict(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int) -> bool | vllm_ir.Unsupported:
     views = _views(positions, query, key, head_size)
     return views if isinstance(views, vllm_ir.Unsupported) else True
 
 
-@XPU.impl("rotary_embedding", supports=rules, inplace=True)
+#: The kernel's predicate: the device (looked up per call, so tests stand it in), what every
+#: in-place rotary kernel asks (`inplace_kernel_verdict`), then a contiguous cache and the views.
+SUPPORTS = (lambda query: _on_xpu(query), inplace_kernel_verdict(DTYPES), contiguous_cache, views_verdict)
+
+
+@XPU.impl("rotary_embedding", supports=SUPPORTS, inplace=True)
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style, rotary_dim=None):
     who = "rotary_embedding (provider xpu_kernels)"
     check_token_counts(who, positions, query, key, head_size)
